@@ -1,0 +1,203 @@
+"""ScaleVec model configuration.
+
+Standard decoder fields are named as in `LlamaConfig` / `Qwen3MoeConfig`; the scale-vector strategy is set by
+`scale_preset` and the three fields it expands to (`norm_scale`, `linear_scale`, `scale_param`).
+"""
+
+from huggingface_hub.dataclasses import strict
+from transformers.activations import ACT2FN
+from transformers.configuration_utils import PreTrainedConfig
+from transformers.modeling_rope_utils import RopeParameters
+
+NORM_SCALES = ("none", "shared", "branch")
+LINEAR_SCALES = ("none", "in", "out", "both")
+SCALE_PARAMS = ("direct", "magdir")
+SCALE_PRESETS = {
+    "none": {"norm_scale": "none", "linear_scale": "none", "scale_param": "direct"},
+    "standard": {"norm_scale": "shared", "linear_scale": "none", "scale_param": "direct"},
+    "unified": {"norm_scale": "branch", "linear_scale": "both", "scale_param": "magdir"},
+}
+
+
+def _check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"`{field}` must be one of {', '.join(map(repr, allowed))}; got {value!r}.")
+
+
+def _check_positive(**fields: int) -> None:
+    for field, value in fields.items():
+        if value is None or value <= 0:
+            raise ValueError(f"`{field}` must be a positive integer; got {value!r}.")
+
+
+@strict
+class ScaleVecConfig(PreTrainedConfig):
+    r"""
+    Configuration of a ScaleVec decoder (dense or mixture-of-experts).
+
+    Scale-vector fields:
+        scale_preset (`str`, defaults to `"unified"`): `"none"`, `"standard"` or `"unified"`; fills the three fields
+            below where they are not given explicitly (explicit fields override the preset).
+        norm_scale (`str`): `"none"` (no learnable scale at input norms), `"shared"` (one scale per norm) or
+            `"branch"` (one column scale per consumer of each input norm: q, k, v / gate, up / router, experts).
+        linear_scale (`str`): `"none"`, `"in"`, `"out"` or `"both"`: column and/or row scales around the linear maps
+            inside blocks, so that `o_proj` and `down_proj` are preconditioned too.
+        scale_param (`str`): `"direct"` or `"magdir"` (every scale is `g * u / rms(u)`).
+        output_norm (`bool`): normalise each branch output before the residual add, with an output-role scale.
+        qk_norm (`bool`): per-head RMSNorm on queries and keys, with output-role scales (as Qwen3).
+        folded (`bool`): the checkpoint's input-role scales were folded into its matrices (inference form).
+
+    Mixture-of-experts fields (`num_experts=0` is a dense model): `num_experts`, `num_experts_per_tok`,
+    `moe_intermediate_size`, `norm_topk_prob`, `shared_expert_intermediate_size` (0: none), `decoder_sparse_step`,
+    `mlp_only_layers`, `router_aux_loss_coef`, `router_z_loss_coef`, `output_router_logits` (defaults to on for
+    MoE models, so that training balances the experts).
+    """
+
+    model_type = "scalevec"
+    attribute_map = {"num_local_experts": "num_experts"}
+    base_model_pp_plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
+
+    vocab_size: int = 32000
+    hidden_size: int = 768
+    intermediate_size: int = 2048
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    use_cache: bool = True
+    tie_word_embeddings: bool = False
+    rope_parameters: RopeParameters | dict | None = None
+    attention_dropout: float | int = 0.0
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int | None = None
+    norm_topk_prob: bool = True
+    shared_expert_intermediate_size: int = 0
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] | None = None
+    router_aux_loss_coef: float = 0.001
+    router_z_loss_coef: float = 0.0
+    output_router_logits: bool | None = None
+
+    scale_preset: str = "unified"
+    norm_scale: str | None = None
+    linear_scale: str | None = None
+    scale_param: str | None = None
+    output_norm: bool = False
+    qk_norm: bool = False
+    folded: bool = False
+
+    def __post_init__(self, **kwargs):
+        self._resolve_scale_fields()
+        self._resolve_attention_fields()
+        self._resolve_moe_fields()
+        rope_theta = kwargs.get("rope_theta")
+        if rope_theta is not None and (self.rope_parameters or {}).get("rope_theta", rope_theta) != rope_theta:
+            raise ValueError(
+                f"`rope_theta={rope_theta}` contradicts `rope_parameters['rope_theta']="
+                f"{self.rope_parameters['rope_theta']}`; give one of them."
+            )
+        super().__post_init__(**kwargs)
+
+    def _resolve_scale_fields(self) -> None:
+        _check_choice("scale_preset", self.scale_preset, tuple(SCALE_PRESETS))
+        for field, value in SCALE_PRESETS[self.scale_preset].items():
+            if getattr(self, field) is None:
+                setattr(self, field, value)
+        _check_choice("norm_scale", self.norm_scale, NORM_SCALES)
+        _check_choice("linear_scale", self.linear_scale, LINEAR_SCALES)
+        _check_choice("scale_param", self.scale_param, SCALE_PARAMS)
+        if self.folded and (
+            self.norm_scale == "branch" or self.linear_scale != "none" or self.scale_param != "direct"
+        ):
+            raise ValueError(
+                "`folded=True` describes the inference form, which holds no branch or linear scales: it needs "
+                "`norm_scale` in ('none', 'shared'), `linear_scale='none'` and `scale_param='direct'`; got "
+                f"norm_scale={self.norm_scale!r}, linear_scale={self.linear_scale!r}, "
+                f"scale_param={self.scale_param!r}."
+            )
+
+    def _resolve_attention_fields(self) -> None:
+        _check_positive(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            max_position_embeddings=self.max_position_embeddings,
+        )
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"`hidden_act` must be an activation known to transformers; got {self.hidden_act!r}.")
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        _check_positive(num_key_value_heads=self.num_key_value_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"`num_attention_heads` ({self.num_attention_heads}) must be a multiple of `num_key_value_heads` "
+                f"({self.num_key_value_heads})."
+            )
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"`hidden_size` ({self.hidden_size}) is not a multiple of `num_attention_heads` "
+                    f"({self.num_attention_heads}); set `head_dim` explicitly."
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        _check_positive(head_dim=self.head_dim)
+        if self.head_dim % 2:
+            raise ValueError(f"`head_dim` must be even for rotary embeddings; got {self.head_dim}.")
+
+    def _resolve_moe_fields(self) -> None:
+        if self.num_experts < 0:
+            raise ValueError(f"`num_experts` must be 0 (dense) or positive; got {self.num_experts}.")
+        self.mlp_only_layers = [] if self.mlp_only_layers is None else list(self.mlp_only_layers)
+        if self.output_router_logits is None:
+            self.output_router_logits = self.num_experts > 0
+        if not self.num_experts:
+            return
+        if self.moe_intermediate_size is None:
+            self.moe_intermediate_size = self.intermediate_size
+        _check_positive(
+            num_experts_per_tok=self.num_experts_per_tok,
+            moe_intermediate_size=self.moe_intermediate_size,
+            decoder_sparse_step=self.decoder_sparse_step,
+        )
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"`num_experts_per_tok` ({self.num_experts_per_tok}) cannot exceed `num_experts` ({self.num_experts})."
+            )
+        if self.shared_expert_intermediate_size < 0:
+            raise ValueError(
+                f"`shared_expert_intermediate_size` must be 0 (no shared expert) or positive; "
+                f"got {self.shared_expert_intermediate_size}."
+            )
+        bad_layers = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+        if bad_layers:
+            raise ValueError(
+                f"`mlp_only_layers` holds {bad_layers}, outside the layer indices 0..{self.num_hidden_layers - 1}."
+            )
+        if not any(self.is_moe_layer(i) for i in range(self.num_hidden_layers)):
+            raise ValueError("`num_experts` > 0 but `mlp_only_layers` / `decoder_sparse_step` select no MoE layer.")
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """Whether layer `layer_idx` has a mixture-of-experts MLP (the Qwen3-MoE rule)."""
+        return (
+            self.num_experts > 0
+            and layer_idx not in self.mlp_only_layers
+            and (layer_idx + 1) % self.decoder_sparse_step == 0
+        )
+
+
+__all__ = ["ScaleVecConfig"]

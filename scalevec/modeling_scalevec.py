@@ -1,0 +1,667 @@
+"""ScaleVec: a Llama-style decoder (dense or mixture-of-experts) with every scale-vector strategy of
+"Negligible in Size, Significant in Effect: On Scale Vectors in Large Language Models" (arXiv 2605.26895).
+
+Ships to the Hub beside `configuration_scalevec.py`: imports only `torch`, `transformers` and that file.
+"""
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
+from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, auto_docstring, can_return_tuple
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_scalevec import ScaleVecConfig
+
+
+class ScaleVecScale(nn.Module):
+    """A learnable scale vector of a given role ("input": foldable into a linear map; "output": not).
+
+    Stored as itself (`weight`) or as magnitude x direction (`magnitude * direction / rms(direction)`), both
+    initialised so that the vector is all ones. `scale_param=None` holds no parameter: the scale is fixed at 1.
+    """
+
+    def __init__(self, shape: Sequence[int], scale_param: str | None, role: str):
+        super().__init__()
+        self.role = role
+        self.scale_param = scale_param
+        if scale_param == "magdir":
+            self.magnitude = nn.Parameter(torch.ones(*shape[:-1], 1))
+            self.direction = nn.Parameter(torch.ones(*shape))
+        elif scale_param == "direct":
+            self.weight = nn.Parameter(torch.ones(*shape))
+
+    def vector(self) -> torch.Tensor | None:
+        if self.scale_param == "magdir":
+            direction = self.direction
+            return self.magnitude * direction * torch.rsqrt(direction.pow(2).mean(-1, keepdim=True))
+        return self.weight if self.scale_param == "direct" else None
+
+
+class ScaleVecRMSNorm(ScaleVecScale):
+    def __init__(self, hidden_size: int, config: ScaleVecConfig, role: str, scaled: bool = True):
+        super().__init__((hidden_size,), config.scale_param if scaled else None, role)
+        self.variance_epsilon = config.rms_norm_eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        scale = self.vector()
+        return hidden_states.to(input_dtype) if scale is None else scale * hidden_states.to(input_dtype)
+
+
+def _fold(weight: torch.Tensor, in_scale: torch.Tensor | None, out_scale: torch.Tensor | None) -> torch.Tensor:
+    """`diag(out_scale) @ weight @ diag(in_scale)` for a weight of shape (..., out, in)."""
+    if out_scale is not None:
+        weight = weight * out_scale.unsqueeze(-1)
+    if in_scale is not None:
+        weight = weight * in_scale.unsqueeze(-2)
+    return weight
+
+
+def _grouped_offsets(group_sizes: torch.Tensor) -> torch.Tensor:
+    return group_sizes.cumsum(0).to(torch.int32)
+
+
+def _use_grouped_mm(x: torch.Tensor, *dims: int) -> bool:
+    # torch's grouped GEMM kernels are CUDA-only for the weight gradient and need 16-byte aligned rows.
+    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, "grouped_mm") and all(d % 8 == 0 for d in dims)
+
+
+def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+    """Rows of `x` sorted by group; group `g` is multiplied by `weight[g].T` (weight: (G, out, in))."""
+    if _use_grouped_mm(x, *weight.shape[1:]):
+        return F.grouped_mm(x, weight.transpose(-2, -1), offs=_grouped_offsets(group_sizes))
+    chunks = x.split(group_sizes.tolist())
+    return torch.cat([chunk @ w.T for chunk, w in zip(chunks, weight)])
+
+
+def _grouped_weight_grad(grad: torch.Tensor, x: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+    if _use_grouped_mm(x, grad.shape[-1], x.shape[-1]):
+        return F.grouped_mm(grad.T.contiguous(), x, offs=_grouped_offsets(group_sizes))
+    sizes = group_sizes.tolist()
+    return torch.stack([g.T @ chunk for g, chunk in zip(grad.split(sizes), x.split(sizes))])
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    device_type = x.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+
+
+class _ScaledLinearFunction(torch.autograd.Function):
+    """`x @ cat_i(diag(b_i) W_i diag(a_i)).T`, optionally grouped by expert.
+
+    The scales are folded into the weight on the fly: `out x in` work that does not grow with the token count, one
+    fused matmul for all branches, and no extra saved activation. The folded weight is recomputed in backward
+    rather than saved, so the scales cost no memory beyond their own size.
+    """
+
+    @staticmethod
+    def forward(ctx, x, group_sizes, num_branches, *tensors):
+        dtype = _compute_dtype(x)
+        ctx.input_dtype, ctx.num_branches = x.dtype, num_branches
+        x = x.to(dtype)
+        weight = _effective_weight(tensors, num_branches, group_sizes is not None).to(dtype)
+        ctx.save_for_backward(x, group_sizes, *tensors)
+        if group_sizes is not None:
+            return _grouped_linear(x, weight, group_sizes)
+        return x @ weight.T
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, group_sizes, *tensors = ctx.saved_tensors
+        n = ctx.num_branches
+        grouped = group_sizes is not None
+        weight = _effective_weight(tensors, n, grouped).to(x.dtype)
+        grad = grad.to(x.dtype).contiguous()
+        flat_x, flat_grad = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _grouped_linear(flat_grad, weight.transpose(-2, -1), group_sizes) if grouped else grad @ weight
+            grad_x = grad_x.to(ctx.input_dtype)
+        grads = [None] * (3 * n)
+        if any(ctx.needs_input_grad[3:]):
+            weight_grad = _grouped_weight_grad(flat_grad, flat_x, group_sizes) if grouped else flat_grad.T @ flat_x
+            weights, in_scales, out_scales = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
+            out_sizes = [math.prod(w.shape[int(grouped) : -1]) for w in weights]
+            for i, g in enumerate(weight_grad.split(out_sizes, dim=-2)):
+                grads[i], grads[n + i], grads[2 * n + i] = _scale_grads(
+                    g.reshape(weights[i].shape), weights[i], in_scales[i], out_scales[i]
+                )
+        return grad_x, None, None, *grads
+
+
+def _effective_weight(tensors: Sequence[torch.Tensor | None], n: int, grouped: bool) -> torch.Tensor:
+    folded = [_fold(w, a, b) for w, a, b in zip(tensors[:n], tensors[n : 2 * n], tensors[2 * n :])]
+    return torch.cat([f.flatten(int(grouped), -2) for f in folded], dim=-2)
+
+
+def _scale_grads(grad_eff, weight, in_scale, out_scale):
+    """Gradients of W, a and b from the gradient of the folded weight `diag(b) W diag(a)`."""
+    grad_eff = grad_eff.to(weight.dtype)
+    grad_in = grad_out = None
+    if in_scale is not None or out_scale is not None:
+        product = grad_eff * weight
+        if in_scale is not None:
+            grad_in = _fold(product, None, out_scale).sum(-2)
+        if out_scale is not None:
+            grad_out = _fold(product, in_scale, None).sum(-1)
+    return _fold(grad_eff, in_scale, out_scale), grad_in, grad_out
+
+
+def scaled_linear(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    in_scales: Sequence[torch.Tensor | None],
+    out_scales: Sequence[torch.Tensor | None],
+    group_sizes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Several scaled linear maps of the same input, as one matmul whose output is their concatenation."""
+    return _ScaledLinearFunction.apply(x, group_sizes, len(weights), *weights, *in_scales, *out_scales)
+
+
+def _vector(scale: ScaleVecScale | None) -> torch.Tensor | None:
+    return None if scale is None else scale.vector()
+
+
+class ScaleVecLinear(nn.Module):
+    """`y = b * (W (a * x))` without bias. A map that reads a normalised input gets its branch scale `a` from
+    `norm_scale="branch"`; any other map gets a column scale from `linear_scale`; every map gets a row scale `b`
+    from `linear_scale`."""
+
+    def __init__(self, in_features: int, out_features: int, config: ScaleVecConfig, reads_norm: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        in_scaled = config.norm_scale == "branch" if reads_norm else config.linear_scale in ("in", "both")
+        # A single output row (the shared-expert gate) has no direction for a row scale to precondition.
+        out_scaled = config.linear_scale in ("out", "both") and out_features > 1
+        self.in_scale = ScaleVecScale((in_features,), config.scale_param, "input") if in_scaled else None
+        self.out_scale = ScaleVecScale((out_features,), config.scale_param, "input") if out_scaled else None
+
+    def parts(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        return self.weight, _vector(self.in_scale), _vector(self.out_scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fused_linear(x, self)
+
+
+def fused_linear(x: torch.Tensor, *linears: ScaleVecLinear) -> torch.Tensor:
+    weights, in_scales, out_scales = zip(*(linear.parts() for linear in linears))
+    return scaled_linear(x, weights, in_scales, out_scales)
+
+
+class ScaleVecRotaryEmbedding(nn.Module):
+    def __init__(self, config: ScaleVecConfig):
+        super().__init__()
+        self.max_seq_len_cached = config.max_position_embeddings
+        self.original_max_seq_len = config.max_position_embeddings
+        self.config = config
+        self.rope_type = config.rope_parameters["rope_type"]
+        rope_init_fn: Callable = self.compute_default_rope_parameters
+        if self.rope_type != "default":
+            rope_init_fn = ROPE_INIT_FUNCTIONS[self.rope_type]
+        inv_freq, self.attention_scaling = rope_init_fn(config)
+        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
+        self.original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False)
+
+    @staticmethod
+    def compute_default_rope_parameters(config: ScaleVecConfig, **kwargs) -> tuple[torch.Tensor, float]:
+        base, dim = config.rope_parameters["rope_theta"], config.head_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return inv_freq, 1.0
+
+    @dynamic_rope_update
+    def forward(self, x, position_ids):
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+class ScaleVecMLP(nn.Module):
+    def __init__(self, config: ScaleVecConfig, intermediate_size: int):
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_proj = ScaleVecLinear(config.hidden_size, intermediate_size, config, reads_norm=True)
+        self.up_proj = ScaleVecLinear(config.hidden_size, intermediate_size, config, reads_norm=True)
+        self.down_proj = ScaleVecLinear(intermediate_size, config.hidden_size, config, reads_norm=False)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        gate, up = fused_linear(x, self.gate_proj, self.up_proj).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+class ScaleVecTopKRouter(ScaleVecLinear):
+    """Softmax router in fp32, top-k, optional renormalisation: the Qwen3-MoE / Mixtral semantics."""
+
+    def __init__(self, config: ScaleVecConfig):
+        super().__init__(config.hidden_size, config.num_experts, config, reads_norm=True)
+        self.top_k = config.num_experts_per_tok
+        self.norm_topk_prob = config.norm_topk_prob
+
+    def forward(self, hidden_states):
+        router_logits = fused_linear(hidden_states, self)
+        router_probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
+        top_k_weights, top_k_index = torch.topk(router_probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
+        return router_logits, top_k_weights.to(router_logits.dtype), top_k_index
+
+
+class ScaleVecExperts(nn.Module):
+    """SwiGLU experts as stacked 3-D weights (gate rows first in `gate_up_proj`), with per-expert scales:
+    branch scales on gate and up (E, 2, H), row scales (E, 2, I) and (E, H), column scales on down (E, I)."""
+
+    def __init__(self, config: ScaleVecConfig):
+        super().__init__()
+        num_experts, hidden, inter = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.num_experts, self.intermediate_size = num_experts, inter
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        self.act_fn = ACT2FN[config.hidden_act]
+        rows, cols = config.linear_scale in ("out", "both"), config.linear_scale in ("in", "both")
+        shapes = {
+            "gate_up_in_scale": ((num_experts, 2, hidden), config.norm_scale == "branch"),
+            "gate_up_out_scale": ((num_experts, 2, inter), rows),
+            "down_in_scale": ((num_experts, inter), cols),
+            "down_out_scale": ((num_experts, hidden), rows),
+        }
+        for name, (shape, present) in shapes.items():
+            setattr(self, name, ScaleVecScale(shape, config.scale_param, "input") if present else None)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        flat_index = top_k_index.reshape(-1)
+        order = flat_index.argsort(stable=True)
+        token_index = order // top_k_index.shape[-1]
+        group_sizes = torch.bincount(flat_index, minlength=self.num_experts)
+        gate_up = self.gate_up_proj.unflatten(1, (2, self.intermediate_size))
+        hidden = scaled_linear(
+            hidden_states[token_index],
+            (gate_up,),
+            (_vector(self.gate_up_in_scale),),
+            (_vector(self.gate_up_out_scale),),
+            group_sizes,
+        )
+        gate, up = hidden.chunk(2, dim=-1)
+        down_scales = (_vector(self.down_in_scale),), (_vector(self.down_out_scale),)
+        hidden = scaled_linear(self.act_fn(gate) * up, (self.down_proj,), *down_scales, group_sizes)
+        hidden = hidden * top_k_weights.reshape(-1)[order, None]
+        return torch.zeros_like(hidden_states).index_add_(0, token_index, hidden.to(hidden_states.dtype))
+
+
+class ScaleVecSparseMoeBlock(nn.Module):
+    def __init__(self, config: ScaleVecConfig):
+        super().__init__()
+        self.gate = ScaleVecTopKRouter(config)
+        self.experts = ScaleVecExperts(config)
+        self.shared_expert = self.shared_expert_gate = None
+        if config.shared_expert_intermediate_size:
+            self.shared_expert = ScaleVecMLP(config, config.shared_expert_intermediate_size)
+            self.shared_expert_gate = ScaleVecLinear(config.hidden_size, 1, config, reads_norm=True)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states_flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+        _, top_k_weights, top_k_index = self.gate(hidden_states_flat)
+        output = self.experts(hidden_states_flat, top_k_index, top_k_weights)
+        if self.shared_expert is not None:
+            shared_gate = torch.sigmoid(self.shared_expert_gate(hidden_states_flat))
+            output = output + shared_gate * self.shared_expert(hidden_states_flat)
+        return output.reshape(hidden_states.shape)
+
+
+def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Unpack[TransformersKwargs],
+):
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+class ScaleVecAttention(nn.Module):
+    """GQA with RoPE; q, k and v run as one matmul whatever their scales. Optional per-head QK-norm (Qwen3)."""
+
+    def __init__(self, config: ScaleVecConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = True
+        q_size, kv_size = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        self.qkv_sizes = (q_size, kv_size, kv_size)
+        self.q_proj = ScaleVecLinear(config.hidden_size, q_size, config, reads_norm=True)
+        self.k_proj = ScaleVecLinear(config.hidden_size, kv_size, config, reads_norm=True)
+        self.v_proj = ScaleVecLinear(config.hidden_size, kv_size, config, reads_norm=True)
+        self.o_proj = ScaleVecLinear(q_size, config.hidden_size, config, reads_norm=False)
+        qk_norm = ScaleVecRMSNorm if config.qk_norm else nn.Identity
+        self.q_norm = qk_norm(self.head_dim, config, role="output")
+        self.k_norm = qk_norm(self.head_dim, config, role="output")
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        qkv = fused_linear(hidden_states, self.q_proj, self.k_proj, self.v_proj)
+        query_states, key_states, value_states = qkv.split(self.qkv_sizes, dim=-1)
+        query_states = self.q_norm(query_states.view(hidden_shape)).transpose(1, 2)
+        key_states = self.k_norm(key_states.view(hidden_shape)).transpose(1, 2)
+        value_states = value_states.view(hidden_shape).transpose(1, 2)
+
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if cache is not None:
+            key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
+        return attn_output, attn_weights
+
+
+class ScaleVecDecoderLayer(GradientCheckpointingLayer):
+    def __init__(self, config: ScaleVecConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = ScaleVecAttention(config, layer_idx)
+        if config.is_moe_layer(layer_idx):
+            self.mlp = ScaleVecSparseMoeBlock(config)
+        else:
+            self.mlp = ScaleVecMLP(config, config.intermediate_size)
+        shared = config.norm_scale == "shared"
+        self.input_layernorm = ScaleVecRMSNorm(config.hidden_size, config, role="input", scaled=shared)
+        self.post_attention_layernorm = ScaleVecRMSNorm(config.hidden_size, config, role="input", scaled=shared)
+        output_norm = ScaleVecRMSNorm if config.output_norm else nn.Identity
+        self.attention_output_layernorm = output_norm(config.hidden_size, config, role="output")
+        self.mlp_output_layernorm = output_norm(config.hidden_size, config, role="output")
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = False,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
+        # Self Attention
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        hidden_states = residual + self.attention_output_layernorm(hidden_states)
+
+        # Fully Connected
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        return residual + self.mlp_output_layernorm(hidden_states)
+
+
+@auto_docstring
+class ScaleVecPreTrainedModel(PreTrainedModel):
+    config: ScaleVecConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["ScaleVecDecoderLayer"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_record_outputs = {
+        "router_logits": OutputRecorder(ScaleVecTopKRouter, index=0),
+        "hidden_states": ScaleVecDecoderLayer,
+        "attentions": ScaleVecAttention,
+    }
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, ScaleVecScale):
+            for parameter in module.parameters(recurse=False):
+                init.ones_(parameter)
+        elif isinstance(module, ScaleVecLinear):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, ScaleVecExperts):
+            init.normal_(module.gate_up_proj, mean=0.0, std=std)
+            init.normal_(module.down_proj, mean=0.0, std=std)
+
+    def scale_vector_roles(self) -> dict[str, list[str]]:
+        """Names of every scale-vector parameter by role: "input" (foldable into a neighbouring linear map,
+        decayed by default) and "output" (output norms and QK-norms: not foldable, not decayed by default)."""
+        roles = {"input": [], "output": []}
+        for module_name, module in self.named_modules():
+            if isinstance(module, ScaleVecScale):
+                prefix = f"{module_name}." if module_name else ""
+                roles[module.role].extend(prefix + name for name, _ in module.named_parameters(recurse=False))
+        return roles
+
+    def num_scale_parameters(self) -> int:
+        parameters = dict(self.named_parameters())
+        return sum(parameters[name].numel() for names in self.scale_vector_roles().values() for name in names)
+
+    def save_pretrained(self, *args, **kwargs):
+        # `save_pretrained` records only the saved class's Auto class; users load the base model too.
+        self.config.auto_map = {
+            "AutoConfig": "configuration_scalevec.ScaleVecConfig",
+            "AutoModel": "modeling_scalevec.ScaleVecModel",
+            "AutoModelForCausalLM": "modeling_scalevec.ScaleVecForCausalLM",
+        }
+        return super().save_pretrained(*args, **kwargs)
+
+
+@auto_docstring
+class ScaleVecModel(ScaleVecPreTrainedModel):
+    def __init__(self, config: ScaleVecConfig):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(
+            [ScaleVecDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.norm = ScaleVecRMSNorm(config.hidden_size, config, role="input", scaled=config.norm_scale != "none")
+        self.rotary_emb = ScaleVecRotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    @auto_docstring
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> MoeModelOutputWithPast:
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if position_ids is None:
+            past_seen_tokens = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
+            position_ids = position_ids.unsqueeze(0)
+
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            cache=cache,
+            position_ids=position_ids,
+        )
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        for decoder_layer in self.layers[: self.config.num_hidden_layers]:
+            hidden_states = decoder_layer(
+                hidden_states,
+                attention_mask=causal_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=use_cache,
+                position_embeddings=position_embeddings,
+                **kwargs,
+            )
+        hidden_states = self.norm(hidden_states)
+        return MoeModelOutputWithPast(last_hidden_state=hidden_states, cache=cache)
+
+
+def router_z_loss_func(router_logits: tuple[torch.Tensor, ...], attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """ST-MoE router z-loss: mean over tokens (padding excluded) and MoE layers of `logsumexp(logits)^2`."""
+    logits = torch.stack(router_logits).float()
+    z = torch.logsumexp(logits, dim=-1).square()
+    if attention_mask is None:
+        return z.mean()
+    mask = attention_mask.reshape(1, -1).to(z)
+    return (z * mask).sum() / (mask.sum() * z.shape[0])
+
+
+@auto_docstring
+class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+    _fsdp_plan = {"lm_head": "keep_full_weight"}
+
+    def __init__(self, config: ScaleVecConfig):
+        super().__init__(config)
+        self.model = ScaleVecModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    @auto_docstring
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_router_logits: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> MoeCausalLMOutputWithPast:
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        output_router_logits = output_router_logits and self.config.num_experts > 0
+        outputs: MoeModelOutputWithPast = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_router_logits=output_router_logits,
+            **kwargs,
+        )
+        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+        logits = self.lm_head(hidden_states)
+
+        loss = aux_loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        if output_router_logits:
+            # During cached generation the router only saw the newest tokens: use their part of the mask.
+            mask = None if attention_mask is None else attention_mask[:, -outputs.last_hidden_state.shape[1] :]
+            aux_loss = load_balancing_loss_func(
+                outputs.router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask
+            )
+            if labels is not None:
+                loss = loss + self.config.router_aux_loss_coef * aux_loss.to(loss.device)
+                if self.config.router_z_loss_coef:
+                    z_loss = router_z_loss_func(outputs.router_logits, mask)
+                    loss = loss + self.config.router_z_loss_coef * z_loss.to(loss.device)
+
+        return MoeCausalLMOutputWithPast(
+            loss=loss,
+            aux_loss=aux_loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            router_logits=outputs.router_logits,
+        )
+
+
+__all__ = ["ScaleVecForCausalLM", "ScaleVecModel", "ScaleVecPreTrainedModel"]
