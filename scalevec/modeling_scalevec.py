@@ -47,8 +47,10 @@ class ScaleVecScale(nn.Module):
 
     def vector(self) -> torch.Tensor | None:
         if self.scale_param == "magdir":
-            direction = self.direction
-            return self.magnitude * direction * torch.rsqrt(direction.pow(2).mean(-1, keepdim=True))
+            # g * u / rms(u), with the per-vector factor formed first: three small ops instead of five
+            size = self.direction.shape[-1]
+            norm = torch.linalg.vector_norm(self.direction, dim=-1, keepdim=True)
+            return self.direction * (self.magnitude * size**0.5 / norm)
         return self.weight if self.scale_param == "direct" else None
 
 
@@ -66,42 +68,79 @@ class ScaleVecRMSNorm(ScaleVecScale):
         return hidden_states.to(input_dtype) if scale is None else scale * hidden_states.to(input_dtype)
 
 
-def _fold(weight: torch.Tensor, in_scale: torch.Tensor | None, out_scale: torch.Tensor | None) -> torch.Tensor:
-    """`diag(out_scale) @ weight @ diag(in_scale)` for a weight of shape (..., out, in)."""
-    if out_scale is not None:
-        weight = weight * out_scale.unsqueeze(-1)
-    if in_scale is not None:
-        weight = weight * in_scale.unsqueeze(-2)
-    return weight
-
-
 def _grouped_offsets(group_sizes: torch.Tensor) -> torch.Tensor:
     return group_sizes.cumsum(0).to(torch.int32)
 
 
-def _use_grouped_mm(x: torch.Tensor, *dims: int) -> bool:
-    # torch's grouped GEMM kernels are CUDA-only for the weight gradient and need 16-byte aligned rows.
-    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, "grouped_mm") and all(d % 8 == 0 for d in dims)
+def _use_grouped_mm(*operands: torch.Tensor) -> bool:
+    # torch's grouped GEMM takes bf16 on CUDA and fp32/bf16 on CPU, and needs 16-byte aligned strides.
+    dtypes = (torch.bfloat16,) if operands[0].is_cuda else (torch.float32, torch.bfloat16)
+    aligned = all(stride * t.element_size() % 16 == 0 for t in operands for stride in t.stride() if stride != 1)
+    return hasattr(F, "grouped_mm") and operands[0].dtype in dtypes and aligned
 
 
 def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
     """Rows of `x` sorted by group; group `g` is multiplied by `weight[g].T` (weight: (G, out, in))."""
-    if _use_grouped_mm(x, *weight.shape[1:]):
-        return F.grouped_mm(x, weight.transpose(-2, -1), offs=_grouped_offsets(group_sizes))
-    chunks = x.split(group_sizes.tolist())
-    return torch.cat([chunk @ w.T for chunk, w in zip(chunks, weight)])
+    weight_t = weight.transpose(-2, -1)
+    if _use_grouped_mm(x, weight_t):
+        return F.grouped_mm(x, weight_t, offs=_grouped_offsets(group_sizes))
+    sizes = group_sizes.tolist()
+    out = x.new_empty(x.shape[0], weight.shape[-2])
+    for chunk, w, dst in zip(x.split(sizes), weight_t, out.split(sizes)):
+        torch.mm(chunk, w, out=dst)
+    return out
 
 
 def _grouped_weight_grad(grad: torch.Tensor, x: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
-    if _use_grouped_mm(x, grad.shape[-1], x.shape[-1]):
-        return F.grouped_mm(grad.T.contiguous(), x, offs=_grouped_offsets(group_sizes))
+    """Per group `grad_g.T @ x_g`, shape (G, out, in)."""
+    if _use_grouped_mm(grad.T, x):
+        return F.grouped_mm(grad.T, x, offs=_grouped_offsets(group_sizes))
     sizes = group_sizes.tolist()
-    return torch.stack([g.T @ chunk for g, chunk in zip(grad.split(sizes), x.split(sizes))])
+    out = x.new_empty(len(sizes), grad.shape[-1], x.shape[-1])
+    for g, chunk, dst in zip(grad.split(sizes), x.split(sizes), out):
+        torch.mm(g.T, chunk, out=dst)
+    return out
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     device_type = x.device.type
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+
+
+def _effective_weight(branches: Sequence[tuple], grouped: bool, dtype: torch.dtype) -> torch.Tensor:
+    """`cat_i(diag(b_i) W_i diag(a_i))` along the output rows, written in place: one pass per scale."""
+    weight, in_scale, out_scale = branches[0]
+    lead = weight.shape[: int(grouped)]
+    if len(branches) == 1 and in_scale is None and out_scale is None:
+        return weight.reshape(*lead, -1, weight.shape[-1]).to(dtype)
+    out_sizes = [math.prod(w.shape[len(lead) : -1]) for w, _, _ in branches]
+    out = weight.new_empty(*lead, sum(out_sizes), weight.shape[-1], dtype=dtype)
+    for (w, a, b), dst in zip(branches, out.split(out_sizes, dim=-2)):
+        dst = dst.view(w.shape)
+        if b is None:
+            dst.copy_(w)
+        else:
+            torch.mul(w, b.unsqueeze(-1), out=dst)
+        if a is not None:
+            dst.mul_(a.unsqueeze(-2))
+    return out
+
+
+def _scale_grads(grad_eff, weight, in_scale, out_scale):
+    """Gradients of W, a and b from the gradient of the folded weight `diag(b) W diag(a)` (shape (..., out, in))."""
+    grad_eff = grad_eff.to(weight.dtype)
+    grad_in = grad_out = None
+    if in_scale is not None or out_scale is not None:
+        product = grad_eff * weight
+        if in_scale is not None:
+            grad_in = product.sum(-2) if out_scale is None else (out_scale.unsqueeze(-2) @ product).squeeze(-2)
+        if out_scale is not None:
+            grad_out = product.sum(-1) if in_scale is None else (product @ in_scale.unsqueeze(-1)).squeeze(-1)
+        if out_scale is not None:
+            grad_eff = grad_eff.mul_(out_scale.unsqueeze(-1))
+        if in_scale is not None:
+            grad_eff = grad_eff.mul_(in_scale.unsqueeze(-2))
+    return grad_eff, grad_in, grad_out
 
 
 class _ScaledLinearFunction(torch.autograd.Function):
@@ -117,8 +156,8 @@ class _ScaledLinearFunction(torch.autograd.Function):
         dtype = _compute_dtype(x)
         ctx.input_dtype, ctx.num_branches = x.dtype, num_branches
         x = x.to(dtype)
-        weight = _effective_weight(tensors, num_branches, group_sizes is not None).to(dtype)
         ctx.save_for_backward(x, group_sizes, *tensors)
+        weight = _effective_weight(_branches(tensors, num_branches), group_sizes is not None, dtype)
         if group_sizes is not None:
             return _grouped_linear(x, weight, group_sizes)
         return x @ weight.T
@@ -126,43 +165,27 @@ class _ScaledLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, group_sizes, *tensors = ctx.saved_tensors
-        n = ctx.num_branches
-        grouped = group_sizes is not None
-        weight = _effective_weight(tensors, n, grouped).to(x.dtype)
+        branches, grouped = _branches(tensors, ctx.num_branches), group_sizes is not None
         grad = grad.to(x.dtype).contiguous()
         flat_x, flat_grad = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
         grad_x = None
         if ctx.needs_input_grad[0]:
+            weight = _effective_weight(branches, grouped, x.dtype)
             grad_x = _grouped_linear(flat_grad, weight.transpose(-2, -1), group_sizes) if grouped else grad @ weight
             grad_x = grad_x.to(ctx.input_dtype)
-        grads = [None] * (3 * n)
+        grads = [(None, None, None)] * len(branches)
         if any(ctx.needs_input_grad[3:]):
             weight_grad = _grouped_weight_grad(flat_grad, flat_x, group_sizes) if grouped else flat_grad.T @ flat_x
-            weights, in_scales, out_scales = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
-            out_sizes = [math.prod(w.shape[int(grouped) : -1]) for w in weights]
-            for i, g in enumerate(weight_grad.split(out_sizes, dim=-2)):
-                grads[i], grads[n + i], grads[2 * n + i] = _scale_grads(
-                    g.reshape(weights[i].shape), weights[i], in_scales[i], out_scales[i]
-                )
-        return grad_x, None, None, *grads
+            out_sizes = [math.prod(w.shape[int(grouped) : -1]) for w, _, _ in branches]
+            grads = [
+                _scale_grads(g.reshape(w.shape), w, a, b)
+                for g, (w, a, b) in zip(weight_grad.split(out_sizes, dim=-2), branches)
+            ]
+        return grad_x, None, None, *(g for grad_of in zip(*grads) for g in grad_of)
 
 
-def _effective_weight(tensors: Sequence[torch.Tensor | None], n: int, grouped: bool) -> torch.Tensor:
-    folded = [_fold(w, a, b) for w, a, b in zip(tensors[:n], tensors[n : 2 * n], tensors[2 * n :])]
-    return torch.cat([f.flatten(int(grouped), -2) for f in folded], dim=-2)
-
-
-def _scale_grads(grad_eff, weight, in_scale, out_scale):
-    """Gradients of W, a and b from the gradient of the folded weight `diag(b) W diag(a)`."""
-    grad_eff = grad_eff.to(weight.dtype)
-    grad_in = grad_out = None
-    if in_scale is not None or out_scale is not None:
-        product = grad_eff * weight
-        if in_scale is not None:
-            grad_in = _fold(product, None, out_scale).sum(-2)
-        if out_scale is not None:
-            grad_out = _fold(product, in_scale, None).sum(-1)
-    return _fold(grad_eff, in_scale, out_scale), grad_in, grad_out
+def _branches(tensors: Sequence[torch.Tensor | None], n: int) -> list[tuple]:
+    return list(zip(tensors[:n], tensors[n : 2 * n], tensors[2 * n :]))
 
 
 def scaled_linear(
@@ -312,7 +335,10 @@ class ScaleVecExperts(nn.Module):
         down_scales = (_vector(self.down_in_scale),), (_vector(self.down_out_scale),)
         hidden = scaled_linear(self.act_fn(gate) * up, (self.down_proj,), *down_scales, group_sizes)
         hidden = hidden * top_k_weights.reshape(-1)[order, None]
-        return torch.zeros_like(hidden_states).index_add_(0, token_index, hidden.to(hidden_states.dtype))
+        # Undo the sort and sum over the k choices: deterministic on every device, unlike `index_add_`.
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        return hidden[inverse].view(*top_k_index.shape, -1).sum(dim=1).to(hidden_states.dtype)
 
 
 class ScaleVecSparseMoeBlock(nn.Module):
@@ -400,6 +426,9 @@ class ScaleVecAttention(nn.Module):
         query_states, key_states, value_states = qkv.split(self.qkv_sizes, dim=-1)
         query_states = self.q_norm(query_states.view(hidden_shape)).transpose(1, 2)
         key_states = self.k_norm(key_states.view(hidden_shape)).transpose(1, 2)
+        if not self.config.qk_norm:
+            # The QK-norms keep the fused q/k/v buffer for backward anyway; without them, a copy of v lets it die.
+            value_states = value_states.contiguous()
         value_states = value_states.view(hidden_shape).transpose(1, 2)
 
         cos, sin = position_embeddings
