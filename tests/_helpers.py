@@ -1,5 +1,6 @@
 """Shared test helpers: tiny configs and fresh Python processes that cannot import `scalevec`."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -60,3 +61,18 @@ def run_without_scalevec(script: str, *args: str, env: dict | None = None, timeo
     if result.returncode:
         raise AssertionError(f"subprocess failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result.stdout
+
+
+STRATEGIES = list(itertools.product(("none", "shared", "branch"), ("none", "in", "out", "both"), ("direct", "magdir")))
+
+
+def logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, **kwargs).logits
+
+
+def matrices_of(model) -> dict[str, torch.Tensor]:
+    """The state dict without scale vectors: what a model of another strategy can load."""
+    roles = model.scale_vector_roles()
+    scales = set(roles["input"] + roles["output"])
+    return {k: v for k, v in model.state_dict().items() if k not in scales}

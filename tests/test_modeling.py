@@ -7,19 +7,21 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qw
 
 from scalevec import ScaleVecForCausalLM, ScaleVecModel
 
-from ._helpers import TINY, random_ids, randomize_scales, run_without_scalevec, tiny_config
-
-STRATEGIES = list(itertools.product(("none", "shared", "branch"), ("none", "in", "out", "both"), ("direct", "magdir")))
+from ._helpers import (
+    STRATEGIES,
+    TINY,
+    logits,
+    matrices_of,
+    random_ids,
+    randomize_scales,
+    run_without_scalevec,
+    tiny_config,
+)
 
 
 def build(seed: int = 0, **overrides) -> ScaleVecForCausalLM:
     torch.manual_seed(seed)
     return ScaleVecForCausalLM(tiny_config(**overrides)).eval()
-
-
-def logits(model, ids, **kwargs) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, **kwargs).logits
 
 
 @pytest.mark.parametrize("qk_norm, output_norm", list(itertools.product((False, True), repeat=2)))
@@ -53,12 +55,6 @@ def test_presets_build_and_train(preset):
     ids = random_ids(model.config)
     model(ids, labels=ids).loss.backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
-
-
-def matrices_of(model) -> dict[str, torch.Tensor]:
-    roles = model.scale_vector_roles()
-    scales = set(roles["input"] + roles["output"])
-    return {k: v for k, v in model.state_dict().items() if k not in scales}
 
 
 @pytest.mark.parametrize("qk_norm, output_norm", [(False, False), (True, True)])
