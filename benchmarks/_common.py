@@ -1,0 +1,84 @@
+"""Shared benchmark machinery: interleaved timing with medians, and the exact peak of live tensor memory."""
+
+import platform
+import statistics
+import time
+import weakref
+from collections.abc import Callable
+from datetime import date
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+def machine() -> str:
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{torch.get_num_threads()}-thread CPU"
+    return f"{platform.machine()}, {device}, torch {torch.__version__}"
+
+
+def today() -> str:
+    return date.today().isoformat()
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def interleaved_medians(steps: dict[str, Callable[[], None]], repetitions: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each step; the steps take turns so that drift in machine speed hits all alike."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repetitions):
+        for name, step in steps.items():
+            _sync()
+            start = time.perf_counter()
+            step()
+            _sync()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+class LiveTensorMemory(TorchDispatchMode):
+    """Tracks the bytes of every tensor storage created inside it until that storage is freed, and their peak:
+    on CPU the counterpart of `torch.cuda.max_memory_allocated`, exact and free of allocator noise."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = self.peak = 0
+
+    def _release(self, pointer: int) -> None:
+        self.current -= self.live.pop(pointer)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+                storage = tensor.untyped_storage()
+                pointer, size = storage.data_ptr(), storage.nbytes()
+                if size and pointer not in self.live:
+                    self.live[pointer] = size
+                    self.current += size
+                    self.peak = max(self.peak, self.current)
+                    weakref.finalize(storage, self._release, pointer)
+        return out
+
+
+def peak_memory(build: Callable[[], Callable[[], None]], steps: int = 2) -> int:
+    """Peak bytes of model, optimizer state, gradients and activations over `steps` training steps."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        step = build()
+        for _ in range(steps):
+            step()
+        return torch.cuda.max_memory_allocated()
+    with LiveTensorMemory() as memory:
+        step = build()
+        for _ in range(steps):
+            step()
+    return memory.peak
