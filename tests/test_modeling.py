@@ -294,3 +294,24 @@ def test_unified_overhead_at_012b_is_a_tenth_of_a_percent():
     assert extra == 12 * per_layer + 1  # + the final norm's magnitude
     assert 0.1e9 < total < 0.15e9
     assert extra / total < 1.2e-3
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_bf16_autocast_and_bf16_weights_train(moe):
+    extra = dict(num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=8) if moe else {}
+    model = unified_with_random_scales(**extra)
+    ids = random_ids(model.config)
+    reference = logits(model, ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, labels=ids)
+    out.loss.backward()
+    assert out.logits.dtype == torch.bfloat16
+    torch.testing.assert_close(out.logits.float(), reference, atol=0.05 * reference.abs().max().item(), rtol=0)
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+
+    half = ScaleVecForCausalLM(model.config).to(torch.bfloat16)
+    half.load_state_dict(model.state_dict())
+    out = half(ids, labels=ids)
+    out.loss.backward()
+    torch.testing.assert_close(out.logits.float(), reference, atol=0.05 * reference.abs().max().item(), rtol=0)
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in half.parameters())
