@@ -82,3 +82,17 @@ def peak_memory(build: Callable[[], Callable[[], None]], steps: int = 2) -> int:
         for _ in range(steps):
             step()
     return memory.peak
+
+
+def training_step(model: torch.nn.Module, vocab_size: int, batch: int, seq: int) -> Callable[[], None]:
+    """One forward + backward + AdamW step on fixed random tokens."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    ids = torch.randint(0, vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+
+    def step() -> None:
+        model(ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step

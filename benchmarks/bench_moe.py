@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 from _common import interleaved_medians, machine, peak_memory, today
+from _common import training_step as common_training_step
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM
@@ -39,16 +40,7 @@ def build_model(name: str) -> torch.nn.Module:
 
 
 def training_step(name: str) -> Callable[[], None]:
-    model = build_model(name).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    ids = torch.randint(0, DIMS["vocab_size"], (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-
-    def step() -> None:
-        model(ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
+    return common_training_step(build_model(name), DIMS["vocab_size"], BATCH, SEQ)
 
 
 def main() -> None:

@@ -76,6 +76,17 @@ def grads_of(block, fn, x):
     return out.detach(), x.grad, {n: p.grad.clone() for n, p in block.named_parameters()}
 
 
+def assert_matches_naive(block, x) -> dict[str, torch.Tensor]:
+    """Output, input gradient and every parameter gradient of the block equal the naive loop's (1e-5)."""
+    out, x_grad, grads = grads_of(block, block, x)
+    ref_out, ref_x_grad, ref_grads = grads_of(block, lambda h: naive_moe(block, h), x)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
+    torch.testing.assert_close(x_grad, ref_x_grad, atol=1e-5, rtol=0)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
+    return grads
+
+
 @pytest.mark.parametrize("top_k", [1, 2, 4])
 @pytest.mark.parametrize("norm_topk_prob", [False, True])
 @pytest.mark.parametrize("shared_expert", [0, 12])
@@ -89,13 +100,7 @@ def test_grouped_dispatch_equals_a_per_token_loop(top_k, norm_topk_prob, shared_
     )
     randomize_scales(model)
     block = model.model.layers[0].mlp
-    x = torch.randn(11, TINY["hidden_size"], generator=torch.Generator().manual_seed(1))
-    out, x_grad, grads = grads_of(block, block, x)
-    ref_out, ref_x_grad, ref_grads = grads_of(block, lambda h: naive_moe(block, h), x)
-    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
-    torch.testing.assert_close(x_grad, ref_x_grad, atol=1e-5, rtol=0)
-    for name, grad in ref_grads.items():
-        torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
+    assert_matches_naive(block, torch.randn(11, TINY["hidden_size"], generator=torch.Generator().manual_seed(1)))
 
 
 def test_experts_that_receive_no_tokens():
@@ -107,12 +112,7 @@ def test_experts_that_receive_no_tokens():
     x = torch.rand(7, TINY["hidden_size"]) + 0.1
     _, _, index = block.gate(x)
     assert set(index.unique().tolist()) == {0, 1}
-    out, x_grad, grads = grads_of(block, block, x)
-    ref_out, ref_x_grad, ref_grads = grads_of(block, lambda h: naive_moe(block, h), x)
-    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
-    torch.testing.assert_close(x_grad, ref_x_grad, atol=1e-5, rtol=0)
-    for name, grad in ref_grads.items():
-        torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
+    grads = assert_matches_naive(block, x)
     assert grads["experts.gate_up_proj"][2:].abs().sum() == 0
 
 
