@@ -4,7 +4,6 @@
 Ships to the Hub beside `configuration_scalevec.py`: imports only `torch`, `transformers` and that file.
 """
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -107,28 +106,20 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
 
 
-def _effective_weight(branches: Sequence[tuple], grouped: bool, dtype: torch.dtype) -> torch.Tensor:
-    """`cat_i(diag(b_i) W_i diag(a_i))` along the output rows, written in place: one pass per scale."""
-    weight, in_scale, out_scale = branches[0]
-    lead = weight.shape[: int(grouped)]
-    if len(branches) == 1 and in_scale is None and out_scale is None:
-        return weight.reshape(*lead, -1, weight.shape[-1]).to(dtype)
-    out_sizes = [math.prod(w.shape[len(lead) : -1]) for w, _, _ in branches]
-    out = weight.new_empty(*lead, sum(out_sizes), weight.shape[-1], dtype=dtype)
-    for (w, a, b), dst in zip(branches, out.split(out_sizes, dim=-2)):
-        dst = dst.view(w.shape)
-        if b is None:
-            dst.copy_(w)
-        else:
-            torch.mul(w, b.unsqueeze(-1), out=dst)
-        if a is not None:
-            dst.mul_(a.unsqueeze(-2))
-    return out
+def _effective_weight(weight, in_scale, out_scale, grouped: bool, dtype: torch.dtype) -> torch.Tensor:
+    """`diag(b) W diag(a)` written in place (one pass per scale), as (out, in) or, grouped, (E, out, in)."""
+    if out_scale is None:
+        folded = weight.to(dtype, copy=in_scale is not None)
+    else:
+        folded = torch.mul(weight, out_scale.unsqueeze(-1), out=weight.new_empty(weight.shape, dtype=dtype))
+    if in_scale is not None:
+        folded.mul_(in_scale.unsqueeze(-2))
+    return folded.flatten(1, -2) if grouped else folded
 
 
 def _scale_grads(grad_eff, weight, in_scale, out_scale):
     """Gradients of W, a and b from the gradient of the folded weight `diag(b) W diag(a)` (shape (..., out, in))."""
-    grad_eff = grad_eff.to(weight.dtype)
+    grad_eff = grad_eff.reshape(weight.shape).to(weight.dtype)
     grad_in = grad_out = None
     if in_scale is not None or out_scale is not None:
         product = grad_eff * weight
@@ -144,11 +135,12 @@ def _scale_grads(grad_eff, weight, in_scale, out_scale):
 
 
 class _ScaledLinearFunction(torch.autograd.Function):
-    """`x @ cat_i(diag(b_i) W_i diag(a_i)).T`, optionally grouped by expert.
+    """`y_i = x @ (diag(b_i) W_i diag(a_i)).T` for several maps of one input, optionally grouped by expert.
 
-    The scales are folded into the weight on the fly: `out x in` work that does not grow with the token count, one
-    fused matmul for all branches, and no extra saved activation. The folded weight is recomputed in backward
-    rather than saved, so the scales cost no memory beyond their own size.
+    The scales are folded into each weight on the fly: `out x in` work that does not grow with the token count and
+    no extra saved activation. The folded weights are recomputed in backward rather than saved, so the scales cost
+    no memory beyond their own size. Each map keeps its own output (as separate projections do), so backward never
+    concatenates gradients.
     """
 
     @staticmethod
@@ -157,31 +149,35 @@ class _ScaledLinearFunction(torch.autograd.Function):
         ctx.input_dtype, ctx.num_branches = x.dtype, num_branches
         x = x.to(dtype)
         ctx.save_for_backward(x, group_sizes, *tensors)
-        weight = _effective_weight(_branches(tensors, num_branches), group_sizes is not None, dtype)
-        if group_sizes is not None:
-            return _grouped_linear(x, weight, group_sizes)
-        return x @ weight.T
+        outputs = []
+        for weight, in_scale, out_scale in _branches(tensors, num_branches):
+            folded = _effective_weight(weight, in_scale, out_scale, group_sizes is not None, dtype)
+            outputs.append(x @ folded.T if group_sizes is None else _grouped_linear(x, folded, group_sizes))
+        return tuple(outputs)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, *grads):
         x, group_sizes, *tensors = ctx.saved_tensors
-        branches, grouped = _branches(tensors, ctx.num_branches), group_sizes is not None
-        grad = grad.to(x.dtype).contiguous()
-        flat_x, flat_grad = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            weight = _effective_weight(branches, grouped, x.dtype)
-            grad_x = _grouped_linear(flat_grad, weight.transpose(-2, -1), group_sizes) if grouped else grad @ weight
-            grad_x = grad_x.to(ctx.input_dtype)
-        grads = [(None, None, None)] * len(branches)
-        if any(ctx.needs_input_grad[3:]):
-            weight_grad = _grouped_weight_grad(flat_grad, flat_x, group_sizes) if grouped else flat_grad.T @ flat_x
-            out_sizes = [math.prod(w.shape[int(grouped) : -1]) for w, _, _ in branches]
-            grads = [
-                _scale_grads(g.reshape(w.shape), w, a, b)
-                for g, (w, a, b) in zip(weight_grad.split(out_sizes, dim=-2), branches)
-            ]
-        return grad_x, None, None, *(g for grad_of in zip(*grads) for g in grad_of)
+        grouped = group_sizes is not None
+        flat_x = x.reshape(-1, x.shape[-1])
+        grad_x, weight_grads = None, []
+        for grad, (weight, in_scale, out_scale) in zip(grads, _branches(tensors, ctx.num_branches)):
+            grad = grad.to(x.dtype).contiguous()
+            flat_grad = grad.reshape(-1, grad.shape[-1])
+            if ctx.needs_input_grad[0]:
+                folded = _effective_weight(weight, in_scale, out_scale, grouped, x.dtype)
+                if grouped:
+                    branch_grad_x = _grouped_linear(flat_grad, folded.transpose(-2, -1), group_sizes)
+                else:
+                    branch_grad_x = grad @ folded
+                grad_x = branch_grad_x if grad_x is None else grad_x.add_(branch_grad_x)
+            if any(ctx.needs_input_grad[3:]):
+                grad_folded = _grouped_weight_grad(flat_grad, flat_x, group_sizes) if grouped else flat_grad.T @ flat_x
+                weight_grads.append(_scale_grads(grad_folded, weight, in_scale, out_scale))
+            else:
+                weight_grads.append((None, None, None))
+        grad_x = None if grad_x is None else grad_x.to(ctx.input_dtype)
+        return grad_x, None, None, *(g for grad_of in zip(*weight_grads) for g in grad_of)
 
 
 def _branches(tensors: Sequence[torch.Tensor | None], n: int) -> list[tuple]:
@@ -194,8 +190,8 @@ def scaled_linear(
     in_scales: Sequence[torch.Tensor | None],
     out_scales: Sequence[torch.Tensor | None],
     group_sizes: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Several scaled linear maps of the same input, as one matmul whose output is their concatenation."""
+) -> tuple[torch.Tensor, ...]:
+    """Several scaled linear maps of the same input in one autograd node; one output per map."""
     return _ScaledLinearFunction.apply(x, group_sizes, len(weights), *weights, *in_scales, *out_scales)
 
 
@@ -221,10 +217,10 @@ class ScaleVecLinear(nn.Module):
         return self.weight, _vector(self.in_scale), _vector(self.out_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_linear(x, self)
+        return linear_outputs(x, self)[0]
 
 
-def fused_linear(x: torch.Tensor, *linears: ScaleVecLinear) -> torch.Tensor:
+def linear_outputs(x: torch.Tensor, *linears: ScaleVecLinear) -> tuple[torch.Tensor, ...]:
     weights, in_scales, out_scales = zip(*(linear.parts() for linear in linears))
     return scaled_linear(x, weights, in_scales, out_scales)
 
@@ -276,7 +272,7 @@ class ScaleVecMLP(nn.Module):
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x):
-        gate, up = fused_linear(x, self.gate_proj, self.up_proj).chunk(2, dim=-1)
+        gate, up = linear_outputs(x, self.gate_proj, self.up_proj)
         return self.down_proj(self.act_fn(gate) * up)
 
 
@@ -289,7 +285,7 @@ class ScaleVecTopKRouter(ScaleVecLinear):
         self.norm_topk_prob = config.norm_topk_prob
 
     def forward(self, hidden_states):
-        router_logits = fused_linear(hidden_states, self)
+        router_logits = linear_outputs(hidden_states, self)[0]
         router_probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
         top_k_weights, top_k_index = torch.topk(router_probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
@@ -324,7 +320,7 @@ class ScaleVecExperts(nn.Module):
         token_index = order // top_k_index.shape[-1]
         group_sizes = torch.bincount(flat_index, minlength=self.num_experts)
         gate_up = self.gate_up_proj.unflatten(1, (2, self.intermediate_size))
-        hidden = scaled_linear(
+        (hidden,) = scaled_linear(
             hidden_states[token_index],
             (gate_up,),
             (_vector(self.gate_up_in_scale),),
@@ -333,7 +329,7 @@ class ScaleVecExperts(nn.Module):
         )
         gate, up = hidden.chunk(2, dim=-1)
         down_scales = (_vector(self.down_in_scale),), (_vector(self.down_out_scale),)
-        hidden = scaled_linear(self.act_fn(gate) * up, (self.down_proj,), *down_scales, group_sizes)
+        (hidden,) = scaled_linear(self.act_fn(gate) * up, (self.down_proj,), *down_scales, group_sizes)
         hidden = hidden * top_k_weights.reshape(-1)[order, None]
         # Undo the sort and sum over the k choices: deterministic on every device, unlike `index_add_`.
         inverse = torch.empty_like(order)
@@ -403,7 +399,6 @@ class ScaleVecAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.is_causal = True
         q_size, kv_size = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
-        self.qkv_sizes = (q_size, kv_size, kv_size)
         self.q_proj = ScaleVecLinear(config.hidden_size, q_size, config, reads_norm=True)
         self.k_proj = ScaleVecLinear(config.hidden_size, kv_size, config, reads_norm=True)
         self.v_proj = ScaleVecLinear(config.hidden_size, kv_size, config, reads_norm=True)
@@ -422,13 +417,9 @@ class ScaleVecAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        qkv = fused_linear(hidden_states, self.q_proj, self.k_proj, self.v_proj)
-        query_states, key_states, value_states = qkv.split(self.qkv_sizes, dim=-1)
+        query_states, key_states, value_states = linear_outputs(hidden_states, self.q_proj, self.k_proj, self.v_proj)
         query_states = self.q_norm(query_states.view(hidden_shape)).transpose(1, 2)
         key_states = self.k_norm(key_states.view(hidden_shape)).transpose(1, 2)
-        if not self.config.qk_norm:
-            # The QK-norms keep the fused q/k/v buffer for backward anyway; without them, a copy of v lets it die.
-            value_states = value_states.contiguous()
         value_states = value_states.view(hidden_shape).transpose(1, 2)
 
         cos, sin = position_embeddings
