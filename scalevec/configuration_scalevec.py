@@ -54,6 +54,7 @@ class ScaleVecConfig(PreTrainedConfig):
     """
 
     model_type = "scalevec"
+    keys_to_ignore_at_inference = ["cache", "aux_loss", "router_logits"]
     attribute_map = {"num_local_experts": "num_experts"}
     base_model_pp_plan = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),

@@ -26,6 +26,13 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_scalevec import ScaleVecConfig
 
+# `save_pretrained` records only the saved class's Auto class; users load the base model too.
+AUTO_MAP = {
+    "AutoConfig": "configuration_scalevec.ScaleVecConfig",
+    "AutoModel": "modeling_scalevec.ScaleVecModel",
+    "AutoModelForCausalLM": "modeling_scalevec.ScaleVecForCausalLM",
+}
+
 
 class ScaleVecScale(nn.Module):
     """A learnable scale vector of a given role ("input": foldable into a linear map; "output": not).
