@@ -76,3 +76,104 @@ def matrices_of(model) -> dict[str, torch.Tensor]:
     roles = model.scale_vector_roles()
     scales = set(roles["input"] + roles["output"])
     return {k: v for k, v in model.state_dict().items() if k not in scales}
+
+
+# --- conversion (scalevec/convert) -----------------------------------------------------------------------------
+
+STOCK_TINY = {
+    "llama": dict(TINY),
+    "qwen3": dict(TINY, head_dim=8),
+    "mixtral": dict(TINY, num_local_experts=4, num_experts_per_tok=2, intermediate_size=16),
+    "qwen3_moe": dict(TINY, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
+}
+
+
+def saved_scalevec(path: Path, config: ScaleVecConfig, seed: int = 0) -> "torch.nn.Module":
+    """A tiny ScaleVec model with randomised scales, saved to `path` with `save_pretrained`."""
+    from scalevec import ScaleVecForCausalLM
+
+    torch.manual_seed(seed)
+    model = ScaleVecForCausalLM(config).eval()
+    randomize_scales(model, seed)
+    model.save_pretrained(path)
+    return model
+
+
+def saved_stock(path: Path, model_type: str, seed: int = 0, **overrides) -> "torch.nn.Module":
+    """A tiny stock transformers model (`STOCK_TINY`) with norm weights moved away from 1, saved to `path`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(model_type, **{**STOCK_TINY[model_type], **overrides})
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5)
+    model.save_pretrained(path)
+    return model
+
+
+def load_in_fresh_process(folders: list[Path], ids: torch.Tensor, workdir: Path) -> dict[str, dict]:
+    """Load every folder in ONE fresh process in which `scalevec` cannot be imported: stock formats with no custom
+    code, folders with an `auto_map` with `trust_remote_code=True`. Returns, per folder (as str): `class`,
+    `module`, `problems` (missing / unexpected / mismatched keys), `parameters` (names) and `logits` for `ids`."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    save_file({"ids": ids}, workdir / "ids.safetensors")
+    (workdir / "folders.json").write_text(json.dumps([str(f) for f in folders]))
+    run_without_scalevec(
+        """
+        import json, sys, torch
+        from safetensors.torch import load_file, save_file
+        from transformers import AutoModelForCausalLM
+        workdir = sys.argv[1]
+        ids = load_file(workdir + "/ids.safetensors")["ids"]
+        info, logits = {}, {}
+        for i, folder in enumerate(json.load(open(workdir + "/folders.json"))):
+            remote = "auto_map" in json.load(open(folder + "/config.json"))
+            model, loading = AutoModelForCausalLM.from_pretrained(
+                folder, trust_remote_code=remote, output_loading_info=True, dtype=torch.float32
+            )
+            with torch.no_grad():
+                logits[str(i)] = model.eval()(ids).logits
+            problems = {k: sorted(map(str, v)) for k, v in loading.items() if v}
+            info[folder] = dict(cls=type(model).__name__, module=type(model).__module__, problems=problems,
+                                parameters=[n for n, _ in model.named_parameters()])
+        save_file(logits, workdir + "/logits.safetensors")
+        json.dump(info, open(workdir + "/info.json", "w"))
+        """,
+        str(workdir),
+        env={"HF_HOME": str(workdir / "hf_home"), "OMP_NUM_THREADS": "1"},
+    )
+    info = json.loads((workdir / "info.json").read_text())
+    logits = load_file(workdir / "logits.safetensors")
+    return {
+        str(folder): {
+            "class": info[str(folder)]["cls"],
+            "module": info[str(folder)]["module"],
+            "problems": info[str(folder)]["problems"],
+            "parameters": info[str(folder)]["parameters"],
+            "logits": logits[str(i)],
+        }
+        for i, folder in enumerate(folders)
+    }
+
+
+# --- Hub publishing (scalevec/convert/push.py, card.py) ------------------------------------------------------
+
+
+def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `script` in a fresh interpreter (scalevec importable) and return the finished process, failed or not,
+    with its stdout and stderr, for tests that check what a command prints when it fails."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=Path(__file__).parent,
+    )

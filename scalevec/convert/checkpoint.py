@@ -1,0 +1,166 @@
+"""Reading a checkpoint folder lazily: config, weight files (safetensors, or `.bin` through
+`torch.load(weights_only=True)`), and the names, shapes and dtypes of its tensors, with errors that name the file
+or tensor at fault. Tensors are read a few at a time and each file is closed again, so that what is resident is
+what the converter is working on, never the whole model."""
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from .errors import CheckpointError
+
+# In the order `from_pretrained` prefers them.
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: Path
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class Checkpoint:
+    """A local checkpoint folder: `config` (config.json as a dict) and `tensors` (name -> TensorInfo)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise CheckpointError(f"{self.path} is not a checkpoint folder")
+        self.config = _read_json(self.path / "config.json")
+        self.tensors = _index_tensors(self.path)
+
+    @property
+    def model_type(self) -> str:
+        if "model_type" not in self.config:
+            raise CheckpointError(f"{self.path / 'config.json'} has no model_type")
+        return self.config["model_type"]
+
+    @property
+    def weight_files(self) -> list[Path]:
+        return sorted({info.file for info in self.tensors.values()})
+
+    def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        """The named tensors, in their stored dtype."""
+        by_file: dict[Path, list[str]] = defaultdict(list)
+        for name in names:
+            by_file[self.tensors[name].file].append(name)
+        tensors = {}
+        for file, file_names in by_file.items():
+            tensors |= _read_from(file, file_names)
+        return tensors
+
+    def check_tensors(self, expected: dict[str, tuple[int, ...]], what: str, ignored: Iterable[str] = ()) -> None:
+        """Raise unless the stored tensors are exactly `expected` (name -> shape), apart from `ignored` names."""
+        stored = set(self.tensors) - set(ignored)
+        missing, unexpected = sorted(set(expected) - stored), sorted(stored - set(expected))
+        if missing:
+            raise CheckpointError(f"{self.path} lacks tensors that {what} has: {_some(missing)}")
+        if unexpected:
+            raise CheckpointError(f"{self.path} has tensors that {what} does not: {_some(unexpected)}")
+        for name, shape in expected.items():
+            info = self.tensors[name]
+            if tuple(info.shape) != tuple(shape):
+                raise CheckpointError(
+                    f"tensor {name} in {info.file} has shape {list(info.shape)}; {what} needs {list(shape)}"
+                )
+
+
+def _some(names: list[str], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown}, ... ({len(names)} in all)"
+
+
+def _read_json(file: Path) -> dict:
+    if not file.is_file():
+        raise CheckpointError(f"{file} does not exist")
+    try:
+        return json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{file} is not readable JSON: {error}") from error
+
+
+def _index_tensors(folder: Path) -> dict[str, TensorInfo]:
+    for index_name in WEIGHT_INDEXES:
+        if (folder / index_name).exists():
+            return _tensors_of_index(folder / index_name)
+    for file_name in WEIGHT_FILES:
+        if (folder / file_name).exists():
+            return _tensors_of(folder / file_name)
+    raise CheckpointError(f"{folder} holds no weights (looked for {', '.join(WEIGHT_INDEXES + WEIGHT_FILES)})")
+
+
+def _tensors_of_index(index_file: Path) -> dict[str, TensorInfo]:
+    weight_map = _read_json(index_file).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_file} has no weight_map")
+    tensors: dict[str, TensorInfo] = {}
+    for file_name in sorted(set(weight_map.values())):
+        file = index_file.parent / file_name
+        if not file.is_file():
+            raise CheckpointError(f"shard {file} listed in {index_file.name} does not exist")
+        in_file = _tensors_of(file)
+        listed = {name for name, owner in weight_map.items() if owner == file_name}
+        absent = sorted(listed - set(in_file))
+        if absent:
+            raise CheckpointError(f"{index_file.name} places {_some(absent)} in {file}, which does not hold them")
+        tensors |= {name: in_file[name] for name in listed}
+    return tensors
+
+
+def _tensors_of(file: Path) -> dict[str, TensorInfo]:
+    if file.suffix == ".safetensors":
+        try:
+            with safe_open(file, framework="pt") as handle:
+                slices = {name: handle.get_slice(name) for name in handle.keys()}  # noqa: SIM118
+                return {
+                    name: TensorInfo(file, tuple(s.get_shape()), SAFETENSORS_DTYPES.get(s.get_dtype(), s.get_dtype()))
+                    for name, s in slices.items()
+                }
+        except (SafetensorError, OSError) as error:
+            raise CheckpointError(
+                f"{file} is not a readable safetensors file (truncated or corrupted?): {error}"
+            ) from error
+    return {name: TensorInfo(file, tuple(t.shape), t.dtype) for name, t in _load_bin(file).items()}
+
+
+def _load_bin(file: Path) -> dict[str, torch.Tensor]:
+    """A `.bin` state dict, memory-mapped (so nothing is read until used); never unpickles arbitrary objects."""
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for broken files
+        raise CheckpointError(
+            f"{file} is not a readable PyTorch state dict (truncated or corrupted?): {error}"
+        ) from error
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise CheckpointError(f"{file} does not hold a flat state dict of tensors")
+    return state
+
+
+def _read_from(file: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    try:
+        if file.suffix != ".safetensors":
+            state = _load_bin(file)
+            return {name: state[name] for name in names}
+        with safe_open(file, framework="pt") as handle:
+            return {name: handle.get_tensor(name) for name in names}
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"cannot read {names[0]} and the rest from {file}: {error}") from error
