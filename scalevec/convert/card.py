@@ -1,0 +1,353 @@
+"""The model card (`README.md`) of an exported checkpoint, rendered from `templates/model_card.md`.
+
+Every number on the card comes from the config, the checkpoint's own files or the training run's records
+(`trainer_state.json`, `eval_results.json` / `all_results.json`, `training_args.json`); what is not recorded is
+left out, so a checkpoint without records gets a short, honest card rather than invented figures.
+"""
+
+import copy
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from safetensors import safe_open
+
+from ..configuration_scalevec import SCALE_PRESETS, ScaleVecConfig
+from ..modeling_scalevec import ScaleVecForCausalLM
+
+TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
+STRATEGY_FIELDS = ("norm_scale", "linear_scale", "scale_param")
+# Eval keys that describe the evaluation run rather than the model.
+EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+TRAINING_ARGUMENTS = {  # training_args.json field -> card label
+    "optim": "optimizer",
+    "learning_rate": "peak learning rate",
+    "weight_decay": "weight decay",
+    "lr_scheduler_type": "schedule",
+    "lr_scheduler_kwargs": "schedule arguments",
+    "warmup_steps": "warmup steps",
+    "warmup_ratio": "warmup ratio",
+    "per_device_train_batch_size": "batch size per device",
+    "gradient_accumulation_steps": "gradient accumulation steps",
+    "seed": "seed",
+}
+
+
+@dataclass
+class RunRecords:
+    """What a training run recorded about itself; empty when nothing was found."""
+
+    state: dict | None = None  # trainer_state.json
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # final "eval_*" values
+    training_args: dict | None = None  # training_args.json
+    sources: list[str] = field(default_factory=list)  # the files read, relative to the run folder
+
+
+def write_model_card(
+    folder: str | Path,
+    *,
+    export_target: str,
+    source_config: ScaleVecConfig,
+    run_dir: str | Path | None = None,
+    base_model: str | None = None,
+    folding_summary: str | None = None,
+    picture: str | Path | None = None,
+    datasets: Sequence[str] = (),
+    license: str = "apache-2.0",
+    repo_id: str | None = None,
+) -> Path:
+    """Write `folder/README.md` for a checkpoint exported as `export_target` ("scalevec" or a stock architecture
+    such as "llama") from the ScaleVec model configured by `source_config` (as trained, before folding), and
+    return its path. `run_dir` is the Trainer output folder whose records fill the training section; `base_model`
+    the repo an import started from; `datasets` the Hub ids trained on; `repo_id` goes into the loading snippet and
+    names the model; `picture` is copied into `folder` and shown on the card."""
+    folder = Path(folder)
+    records = read_run_records(Path(run_dir)) if run_dir is not None else RunRecords()
+    model_name = repo_id or folder.name
+    eval_results = _eval_results(records.eval_metrics, datasets)
+    card_data = ModelCardData(
+        model_name=model_name if eval_results else None,  # the model-index needs it; otherwise it is noise
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        license=license,
+        tags=_tags(source_config, export_target),
+        datasets=list(datasets) or None,
+        base_model=base_model,
+        eval_results=eval_results or None,
+    )
+    load_note, load_snippet = _loading(folder, export_target, repo_id or "path/to/this/checkpoint")
+    card = ModelCard.from_template(
+        card_data,
+        template_path=str(TEMPLATE),
+        model_name=model_name,
+        summary=_summary(source_config, export_target, base_model),
+        architecture=_architecture_rows(source_config, folder, export_target),
+        training=_training_rows(records),
+        training_sources=", ".join(f"`{source}`" for source in records.sources),
+        picture=_place_picture(folder, Path(picture)) if picture is not None else None,
+        load_note=load_note,
+        load_snippet=load_snippet,
+        folding_summary=folding_summary or "No record of the conversion came with this card.",
+    )
+    readme = folder / "README.md"
+    _write_atomically(readme, str(card))
+    return readme
+
+
+def _strategy_name(config: ScaleVecConfig) -> str:
+    """The preset whose three fields the config has, or "custom" when explicit fields override the preset."""
+    fields = {name: getattr(config, name) for name in STRATEGY_FIELDS}
+    return next((name for name, preset in SCALE_PRESETS.items() if preset == fields), "custom")
+
+
+def _tags(config: ScaleVecConfig, export_target: str) -> list[str]:
+    tags = ["scalevec", f"scalevec-{_strategy_name(config)}", "text-generation"]
+    if export_target != "scalevec":
+        tags.append(export_target)  # a stock architecture: the Hub and other engines know it by this name
+    if config.num_experts:
+        tags.append("mixture-of-experts")
+    return tags
+
+
+def _summary(config: ScaleVecConfig, export_target: str, base_model: str | None) -> str:
+    kind = "mixture-of-experts" if config.num_experts else "dense"
+    published = (
+        "a ScaleVec checkpoint that loads with `trust_remote_code=True`"
+        if export_target == "scalevec"
+        else f"a standard `{export_target}` checkpoint that loads with no custom code"
+    )
+    origin = f", imported from [{base_model}](https://huggingface.co/{base_model})" if base_model else ""
+    strategy = f"the **{_strategy_name(config)}** scale-vector strategy"
+    return f"A {kind} decoder language model with {strategy}{origin}, published as {published}."
+
+
+def _architecture_rows(config: ScaleVecConfig, folder: Path, export_target: str) -> list[tuple[str, str]]:
+    rows = [
+        ("published format", _published_format(folder, export_target)),
+        ("scale strategy", f"{_strategy_name(config)} (`scale_preset={config.scale_preset}`)"),
+        (
+            "`norm_scale` / `linear_scale` / `scale_param`",
+            f"{config.norm_scale} / {config.linear_scale} / {config.scale_param}",
+        ),
+        ("`output_norm` / `qk_norm`", f"{config.output_norm} / {config.qk_norm}"),
+        ("layers", str(config.num_hidden_layers)),
+        ("hidden size", str(config.hidden_size)),
+        (
+            "attention heads / key-value heads / head size",
+            f"{config.num_attention_heads} / {config.num_key_value_heads} / {config.head_dim}",
+        ),
+        ("dense MLP intermediate size", str(config.intermediate_size)),
+        ("vocabulary", str(config.vocab_size)),
+        ("context length", str(config.max_position_embeddings)),
+        ("tied embeddings", str(config.tie_word_embeddings)),
+    ]
+    return rows + _moe_rows(config) + _parameter_rows(config, folder)
+
+
+def _moe_rows(config: ScaleVecConfig) -> list[tuple[str, str]]:
+    if not config.num_experts:
+        return []
+    moe_layers = [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
+    routing = f"top-{config.num_experts_per_tok}, top-k renormalised: {config.norm_topk_prob}"
+    return [
+        ("experts", f"{config.num_experts}, {routing}"),
+        ("expert intermediate size", str(config.moe_intermediate_size)),
+        ("shared expert intermediate size", str(config.shared_expert_intermediate_size or "none")),
+        ("MoE layers", "all" if len(moe_layers) == config.num_hidden_layers else ", ".join(map(str, moe_layers))),
+    ]
+
+
+def _parameter_rows(config: ScaleVecConfig, folder: Path) -> list[tuple[str, str]]:
+    total, scales = _model_parameters(config)
+    rows = [
+        (
+            "parameters of the ScaleVec model",
+            f"{total:,}, {scales:,} of them in scale vectors ({100 * scales / total:.3f} %)",
+        )
+    ]
+    stored = _checkpoint_parameters(folder)
+    if stored is not None:
+        rows.append(("parameters stored in this checkpoint", f"{stored:,}"))
+    return rows
+
+
+def _published_format(folder: Path, export_target: str) -> str:
+    if export_target != "scalevec":
+        return f"`{export_target}` (stock transformers class)"
+    folded = (_read_json(folder / "config.json") or {}).get("folded")
+    return "ScaleVec (remote code), " + ("folded: inference form" if folded else "scales not folded: training form")
+
+
+def _model_parameters(config: ScaleVecConfig) -> tuple[int, int]:
+    """(all parameters, scale-vector parameters), counted on the meta device: no memory, any model size."""
+    with torch.device("meta"):
+        model = ScaleVecForCausalLM(copy.deepcopy(config))  # a copy: building a model sets fields on its config
+    return sum(p.numel() for p in model.parameters()), model.num_scale_parameters()
+
+
+def _checkpoint_parameters(folder: Path) -> int | None:
+    """The number of values in the folder's safetensors files, read from their headers."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with safe_open(file, "pt") as tensors:
+            names = tensors.keys()  # a safe_open handle cannot be iterated itself
+            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in names)
+    return total
+
+
+def read_run_records(run_dir: Path) -> RunRecords:
+    """Read what a Trainer run folder recorded: `trainer_state.json` (the run's or its latest checkpoint's),
+    the final eval metrics (`eval_results.json`, `all_results.json`, else the last eval in the log history)
+    and `training_args.json`. Missing or unreadable files are skipped."""
+    records = RunRecords()
+    state_file = _trainer_state_file(run_dir)
+    if state_file is not None and (state := _read_json(state_file)) is not None:
+        records.state = state
+        records.sources.append(state_file.relative_to(run_dir).as_posix())
+    for name in ("eval_results.json", "all_results.json"):
+        metrics = _eval_metrics(_read_json(run_dir / name) or {})
+        if metrics:
+            records.eval_metrics = metrics
+            records.sources.append(name)
+            break
+    else:
+        evaluations = [entry for entry in (records.state or {}).get("log_history", []) if "eval_loss" in entry]
+        records.eval_metrics = _eval_metrics(evaluations[-1]) if evaluations else {}
+    if (arguments := _read_json(run_dir / "training_args.json")) is not None:
+        records.training_args = arguments
+        records.sources.append("training_args.json")
+    return records
+
+
+def _trainer_state_file(run_dir: Path) -> Path | None:
+    """`trainer_state.json` of the run, or of its latest `checkpoint-<step>` when the final one was not saved."""
+    if (run_dir / "trainer_state.json").is_file():
+        return run_dir / "trainer_state.json"
+    checkpoints = [p for p in run_dir.glob("checkpoint-*/trainer_state.json") if p.parent.name[11:].isdigit()]
+    return max(checkpoints, key=lambda p: int(p.parent.name[11:]), default=None)
+
+
+def _read_json(file: Path) -> dict | None:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # missing or unreadable: the card leaves out what it would have said
+    return data if isinstance(data, dict) else None
+
+
+def _eval_metrics(record: dict) -> dict[str, float]:
+    return {
+        key: float(value)
+        for key, value in record.items()
+        if key.startswith("eval_")
+        and key not in EVAL_BOOKKEEPING
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    }
+
+
+def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
+    state = records.state or {}
+    history = state.get("log_history", [])
+    rows = []
+    if "global_step" in state:
+        rows.append(("optimizer steps", f"{state['global_step']:,}"))
+    if state.get("num_input_tokens_seen"):
+        rows.append(("tokens seen", f"{state['num_input_tokens_seen']:,}"))
+    if losses := [entry for entry in history if "loss" in entry]:
+        rows.append(("final training loss", f"{losses[-1]['loss']:.4f} (logged at step {losses[-1].get('step')})"))
+    if summary := next((entry for entry in reversed(history) if "train_loss" in entry), None):
+        rows.append(("mean training loss over the run", f"{summary['train_loss']:.4f}"))
+        if "train_runtime" in summary:
+            rows.append(("training wall time", _duration(summary["train_runtime"])))
+    for key, value in records.eval_metrics.items():
+        rows.append((key.replace("_", " "), f"{value:.4f}"))
+    for key, label in TRAINING_ARGUMENTS.items():
+        value = (records.training_args or {}).get(key)
+        if value not in (None, "", {}):
+            rows.append((label, f"`{value}`"))
+    return rows
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
+
+
+def _eval_results(metrics: dict[str, float], datasets: Sequence[str]) -> list[EvalResult]:
+    """One model-index entry per recorded eval metric, on the run's held-out split."""
+    return [
+        EvalResult(
+            task_type="text-generation",
+            task_name="Causal language modeling",
+            dataset_type=datasets[0] if datasets else "text",
+            dataset_name=datasets[0] if datasets else "held-out split of the training data",
+            dataset_split="held-out",
+            metric_type=key.removeprefix("eval_"),
+            metric_name=key.replace("_", " "),
+            metric_value=value,
+        )
+        for key, value in metrics.items()
+    ]
+
+
+def _loading(folder: Path, export_target: str, repo: str) -> tuple[str, str]:
+    """(a sentence on what loading needs, the Python snippet)."""
+    if export_target == "scalevec":
+        model_class, extra = "AutoModelForCausalLM", ", trust_remote_code=True"
+        note = (
+            "The model code ships with the checkpoint (`configuration_scalevec.py`, `modeling_scalevec.py`, which "
+            "import only `torch` and `transformers`), so ScaleVec need not be installed: `trust_remote_code=True` "
+            "runs that code."
+        )
+    else:
+        architectures = (_read_json(folder / "config.json") or {}).get("architectures") or ["AutoModelForCausalLM"]
+        model_class, extra = architectures[0], ""
+        note = (
+            f"A standard `{export_target}` checkpoint: the stock `transformers` class loads it, with no custom code."
+        )
+    has_tokenizer = any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+    imports = sorted({model_class, "AutoTokenizer"} if has_tokenizer else {model_class})
+    lines = [
+        f"from transformers import {', '.join(imports)}",
+        "",
+        f'model = {model_class}.from_pretrained("{repo}"{extra})',
+    ]
+    if has_tokenizer:
+        lines.append(f'tokenizer = AutoTokenizer.from_pretrained("{repo}")')
+    return note, "\n".join(lines)
+
+
+def _place_picture(folder: Path, picture: Path) -> str:
+    """Copy the picture into the folder (unless it is there already) and return its path relative to the card."""
+    if not picture.is_file():
+        raise FileNotFoundError(f"The picture for the model card, {picture}, does not exist.")
+    if picture.resolve().is_relative_to(folder.resolve()):
+        return picture.resolve().relative_to(folder.resolve()).as_posix()
+    shutil.copyfile(picture, folder / picture.name)
+    return picture.name
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Readers see the old card or the new one, never half of one."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.chmod(temporary, 0o644)  # mkstemp makes it private; a card is meant to be read
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
