@@ -47,6 +47,11 @@ def randomize_scales(model: torch.nn.Module, seed: int = 0) -> None:
                 parameter.copy_(1 + 0.3 * torch.randn(parameter.shape, generator=generator))
 
 
+# Parent tests run on one torch thread (conftest.py); a child on the same thread count reduces in the same order,
+# so logits compared across processes are bitwise equal.
+SUBPROCESS_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
 def run_without_scalevec(script: str, *args: str, env: dict | None = None, timeout: int = 300) -> str:
     """Run `script` in a fresh interpreter in which `import scalevec` fails, and return its stdout."""
     prelude = "import sys\nsys.modules['scalevec'] = None  # this process must not see the package\n"
@@ -55,7 +60,7 @@ def run_without_scalevec(script: str, *args: str, env: dict | None = None, timeo
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        env={**os.environ, **SUBPROCESS_ENV, **(env or {})},
         cwd=Path(__file__).parent,
     )
     if result.returncode:
@@ -147,7 +152,7 @@ def load_in_fresh_process(folders: list[Path], ids: torch.Tensor, workdir: Path)
         json.dump(info, open(workdir + "/info.json", "w"))
         """,
         str(workdir),
-        env={"HF_HOME": str(workdir / "hf_home"), "OMP_NUM_THREADS": "1"},
+        env={"HF_HOME": str(workdir / "hf_home")},
     )
     info = json.loads((workdir / "info.json").read_text())
     logits = load_file(workdir / "logits.safetensors")
@@ -174,6 +179,6 @@ def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **SUBPROCESS_ENV, **(env or {})},
         cwd=Path(__file__).parent,
     )
