@@ -1,0 +1,152 @@
+"""`ScaleVecTrainer`: the stock Trainer with role-aware weight decay, Muon, held-out LM metrics and a stop on a
+non-finite loss."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import evaluate
+import numpy as np
+import torch
+from transformers import Trainer, TrainingArguments
+from transformers.utils import logging
+
+from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback
+from .optim import DecayConfig, MuonAdamW, describe_groups, parameter_groups
+
+logger = logging.get_logger(__name__)
+METRIC_PATH = Path(__file__).parent / "lm_metrics" / "lm_metrics.py"
+_ADAMW = {"adamw_torch", "adamw_torch_fused"}
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+@dataclass
+class ScaleVecTrainingArguments(TrainingArguments):
+    """`TrainingArguments` plus the role-aware weight decays and Muon (`--optim muon`), with pretraining defaults
+    (learning rate, decay, beta2, cosine schedule with warmup, frequent logging) instead of fine-tuning ones."""
+
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate."})
+    weight_decay: float = field(default=0.1, metadata={"help": "Weight decay of matrices (and, by default, scales)."})
+    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2."})
+    lr_scheduler_type: str = field(
+        default="cosine", metadata={"help": "cosine, cosine_with_min_lr, warmup_stable_decay, linear, constant, ..."}
+    )
+    warmup_steps: float = field(default=0.05, metadata={"help": "Warmup steps, or a fraction (< 1) of all steps."})
+    logging_steps: float = field(default=10, metadata={"help": "Log every n steps (or a fraction of all steps)."})
+    optim: str = field(
+        default="adamw_torch_fused",
+        metadata={"help": "'muon' (Muon on hidden matrices, AdamW on the rest) or any transformers optimizer name."},
+    )
+    input_scale_weight_decay: float | None = field(
+        default=None, metadata={"help": "Weight decay of input-role (foldable) scales. Default: --weight-decay."}
+    )
+    output_scale_weight_decay: float = field(
+        default=0.0, metadata={"help": "Weight decay of output-role scales (output norms, QK-norms)."}
+    )
+    embedding_weight_decay: float | None = field(
+        default=None, metadata={"help": "Weight decay of the embeddings and LM head. Default: --weight-decay."}
+    )
+    muon_momentum: float = field(default=0.95, metadata={"help": "Muon momentum (with --optim muon)."})
+    muon_adjust_lr: str = field(
+        default="match_rms_adamw",
+        metadata={"help": "Muon learning-rate scaling: 'match_rms_adamw' (same lr as AdamW) or 'original'."},
+    )
+    scale_stats: bool = field(default=True, metadata={"help": "Log per-site scale statistics and plot them."})
+    include_num_input_tokens_seen: bool = field(default=True, metadata={"help": "Count the tokens seen."})
+    dataloader_pin_memory: bool = field(
+        default_factory=torch.cuda.is_available, metadata={"help": "Pin memory for data loaders (GPU only)."}
+    )
+
+    def __post_init__(self):
+        # `muon` is ours, not one of transformers' OptimizerNames: validate the rest as usual, then put it back.
+        muon = self.optim == "muon"
+        if muon:
+            self.optim = "adamw_torch"
+        super().__post_init__()
+        if muon:
+            self.optim = "muon"
+        if self.muon_adjust_lr not in ("match_rms_adamw", "original"):
+            raise ValueError(f"--muon-adjust-lr must be 'match_rms_adamw' or 'original'; got {self.muon_adjust_lr!r}")
+
+    @property
+    def decay(self) -> DecayConfig:
+        return DecayConfig(
+            self.weight_decay,
+            self.input_scale_weight_decay,
+            self.output_scale_weight_decay,
+            self.embedding_weight_decay,
+        )
+
+
+def token_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-position negative log-likelihood of the next token (what the Trainer keeps of the logits)."""
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), labels[:, 1:], ignore_index=-100, reduction="none"
+    )
+
+
+class ScaleVecTrainer(Trainer):
+    """A `Trainer` whose optimizer groups come from `model.scale_vector_roles()`: matrices and input-role scales
+    decayed, output-role scales not. The stock Trainer exempts every parameter named "norm" from weight decay,
+    which the paper shows is wrong for input-norm scales."""
+
+    def __init__(self, *args, bytes_per_token: float | None = None, **kwargs):
+        if kwargs.get("compute_metrics") is None and kwargs.get("eval_dataset") is not None:
+            kwargs["compute_metrics"] = self._lm_metrics
+            kwargs["preprocess_logits_for_metrics"] = token_nll
+        super().__init__(*args, **kwargs)
+        self.bytes_per_token = bytes_per_token
+        if getattr(self.args, "scale_stats", True):
+            callbacks = self.callback_handler.callbacks
+            callbacks.insert(1, ScaleStatsCallback())  # before every logger
+            callbacks.insert(len(callbacks) - 1, HideScaleStatsFromConsole())  # after them, before the printer
+
+    def _lm_metrics(self, prediction) -> dict[str, float]:
+        nll, labels = np.asarray(prediction.predictions), np.asarray(prediction.label_ids)[:, 1:]
+        metric = evaluate.load(str(METRIC_PATH), keep_in_memory=True)
+        return metric.compute(
+            predictions=nll.reshape(-1), references=(labels != -100).reshape(-1), bytes_per_token=self.bytes_per_token
+        )
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        if self.optimizer is not None:
+            return self.optimizer
+        model = self.model if model is None else model
+        decay = (
+            self.args.decay
+            if isinstance(self.args, ScaleVecTrainingArguments)
+            else DecayConfig(self.args.weight_decay)
+        )
+        groups = parameter_groups(model, decay)
+        optim = str(getattr(self.args.optim, "value", self.args.optim))
+        kwargs = dict(
+            lr=self.args.learning_rate, betas=(self.args.adam_beta1, self.args.adam_beta2), eps=self.args.adam_epsilon
+        )
+        if optim == "muon":
+            self.optimizer = MuonAdamW(
+                groups, momentum=self.args.muon_momentum, adjust_lr_fn=self.args.muon_adjust_lr, **kwargs
+            )
+        elif optim in _ADAMW:
+            fused = optim == "adamw_torch_fused" and all(p.is_cuda for g in groups for p in g["params"])
+            for group in groups:
+                group["muon"] = False
+            self.optimizer = torch.optim.AdamW(groups, fused=fused or None, **kwargs)
+        else:  # any other optimizer transformers knows, fed with the role-aware groups
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
+            self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        if self.is_world_process_zero():
+            print(describe_groups(self.optimizer.param_groups))
+        return self.optimizer
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss):
+            last = sorted(Path(self.args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+            kept = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint was saved yet"
+            raise NonFiniteLossError(
+                f"the training loss became {loss.item()} at step {self.state.global_step + 1}; training stopped "
+                f"before the optimizer step, {kept}. Lower the learning rate or check the data."
+            )
+        return loss
