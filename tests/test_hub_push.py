@@ -15,12 +15,7 @@ from scalevec.convert.card import write_model_card
 from ._helpers import logits, random_ids, run_python, run_without_scalevec, saved_scalevec, saved_stock, tiny_config
 from .hub_server import Repo
 
-# The CLI owner registers `add_push_arguments` / `run_push` as the `push` subcommand; this runs the same pair.
-PUSH_COMMAND = """
-    import argparse, sys
-    from scalevec.convert.push import add_push_arguments, run_push
-    sys.exit(run_push(add_push_arguments(argparse.ArgumentParser(prog="scalevec-convert push")).parse_args()))
-"""
+PUSH_COMMAND = "import sys; from scalevec.convert.cli import main; sys.exit(main(['push', *sys.argv[1:]]))"
 
 
 def push(hub, hf_home: Path, *args: str, token: str | None):

@@ -8,9 +8,7 @@ left out, so a checkpoint without records gets a short, honest card rather than 
 import copy
 import json
 import math
-import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +17,14 @@ import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 
+from ..atomic import write_text_atomically
 from ..configuration_scalevec import SCALE_PRESETS, ScaleVecConfig
 from ..modeling_scalevec import ScaleVecForCausalLM
+from .pipeline import BeforeCommit, ConversionResult
 
 TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
 STRATEGY_FIELDS = ("norm_scale", "linear_scale", "scale_param")
+RUN_PICTURE = "scale_vectors.png"  # the loss / scale-statistics figure `scalevec-train` writes into its output folder
 # Eval keys that describe the evaluation run rather than the model.
 EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
 TRAINING_ARGUMENTS = {  # training_args.json field -> card label
@@ -62,15 +63,17 @@ def write_model_card(
     datasets: Sequence[str] = (),
     license: str = "apache-2.0",
     repo_id: str | None = None,
+    model_name: str | None = None,
 ) -> Path:
     """Write `folder/README.md` for a checkpoint exported as `export_target` ("scalevec" or a stock architecture
     such as "llama") from the ScaleVec model configured by `source_config` (as trained, before folding), and
     return its path. `run_dir` is the Trainer output folder whose records fill the training section; `base_model`
     the repo an import started from; `datasets` the Hub ids trained on; `repo_id` goes into the loading snippet and
-    names the model; `picture` is copied into `folder` and shown on the card."""
+    names the model unless `model_name` does (default: the folder's name); `picture` is copied into `folder` and
+    shown on the card."""
     folder = Path(folder)
     records = read_run_records(Path(run_dir)) if run_dir is not None else RunRecords()
-    model_name = repo_id or folder.name
+    model_name = model_name or repo_id or folder.name
     eval_results = _eval_results(records.eval_metrics, datasets)
     card_data = ModelCardData(
         model_name=model_name if eval_results else None,  # the model-index needs it; otherwise it is noise
@@ -97,8 +100,52 @@ def write_model_card(
         folding_summary=folding_summary or "No record of the conversion came with this card.",
     )
     readme = folder / "README.md"
-    _write_atomically(readme, str(card))
+    write_text_atomically(readme, str(card))
     return readme
+
+
+def card_writer(source: str | Path, repo_id: str | None = None) -> BeforeCommit:
+    """The `before_commit` hook of an export from `source` that writes the card into the staged output: the run's
+    records and picture (`scale_vectors.png`, as `scalevec-train` writes it) are read from `source`, so an export
+    straight from a training folder gets the full card and any other export the minimal one."""
+    source = Path(source)
+
+    def write(folder: Path, result: ConversionResult) -> None:
+        picture = source / RUN_PICTURE
+        write_model_card(
+            folder,
+            export_target=result.target,
+            source_config=result.source_config,
+            run_dir=source,
+            folding_summary=folding_summary(result),
+            picture=picture if picture.is_file() else None,
+            repo_id=repo_id,
+            model_name=repo_id or result.destination.name,  # `folder` is the staging folder, named for the moment
+        )
+
+    return write
+
+
+def folding_summary(result: ConversionResult) -> str:
+    """What the conversion did, in a paragraph, from the source's strategy and the verification."""
+    with torch.device("meta"):
+        roles = ScaleVecForCausalLM(copy.deepcopy(result.source_config)).scale_vector_roles()
+    folded, kept = len(roles["input"]), len(roles["output"])
+    dtype = str(result.dtype).removeprefix("torch.")
+    text = (
+        f"The source ({_strategy_name(result.source_config)} strategy) has {folded} input-role scale-vector tensors "
+        f"and {kept} output-role ones. Folding multiplied every input-role scale exactly into the weights of the "
+        "linear map it feeds or leaves (in float32), so they cost nothing at inference"
+    )
+    text += (
+        "; output-role scales (output norms, QK-norms) are norm weights of the folded model."
+        if kept
+        else "; the model has no output-role scale."
+    )
+    text += f" The weights were written as `{result.target}` in {dtype}."
+    if result.verification is not None:
+        text += f" Verification against the source on fixed random tokens (float32): {result.verification.describe()}."
+    return text
 
 
 def _strategy_name(config: ScaleVecConfig) -> str:
@@ -326,7 +373,8 @@ def _loading(folder: Path, export_target: str, repo: str) -> tuple[str, str]:
         f'model = {model_class}.from_pretrained("{repo}"{extra})',
     ]
     if has_tokenizer:
-        lines.append(f'tokenizer = AutoTokenizer.from_pretrained("{repo}")')
+        # AutoTokenizer reads config.json too, so without the flag it would stop and ask whether to run the code.
+        lines.append(f'tokenizer = AutoTokenizer.from_pretrained("{repo}"{extra})')
     return note, "\n".join(lines)
 
 
@@ -338,16 +386,3 @@ def _place_picture(folder: Path, picture: Path) -> str:
         return picture.resolve().relative_to(folder.resolve()).as_posix()
     shutil.copyfile(picture, folder / picture.name)
     return picture.name
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Readers see the old card or the new one, never half of one."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.chmod(temporary, 0o644)  # mkstemp makes it private; a card is meant to be read
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from transformers.utils import logging as transformers_logging
 
 from ..configuration_scalevec import LINEAR_SCALES, NORM_SCALES, SCALE_PARAMS, SCALE_PRESETS
+from .card import card_writer
 from .errors import ConversionError
 from .formats import TARGETS
 from .pipeline import (
@@ -26,6 +27,7 @@ from .pipeline import (
     export_checkpoint,
     import_checkpoint,
 )
+from .push import PushError, add_push_arguments, push_folder, run_push
 from .summary import format_summary, inspect_checkpoint
 from .verify import compare_checkpoints
 
@@ -54,6 +56,21 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
     add_atol(parser)
 
 
+def add_publishing_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the commands that write a publishable checkpoint (fold, export)."""
+    parser.add_argument(
+        "--no-model-card",
+        dest="model_card",
+        action="store_false",
+        help="do not write README.md (by default a model card from the run's records in SRC, when there are any)",
+    )
+    parser.add_argument(
+        "--push-to-hub", metavar="REPO_ID", help="after writing DST, upload it to this Hub repository (owner/name)"
+    )
+    parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
+    parser.add_argument("--revision", help="with --push-to-hub: branch to push to (default main)")
+
+
 def add_atol(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--atol",
@@ -64,7 +81,8 @@ def add_atol(parser: argparse.ArgumentParser) -> None:
 
 
 def output_options(args: argparse.Namespace) -> OutputOptions:
-    return OutputOptions(args.dtype, args.max_shard_size, args.overwrite, args.verify, args.atol)
+    card = card_writer(args.source, args.push_to_hub) if getattr(args, "model_card", False) else None
+    return OutputOptions(args.dtype, args.max_shard_size, args.overwrite, args.verify, args.atol, card)
 
 
 def report(result: ConversionResult) -> None:
@@ -74,13 +92,17 @@ def report(result: ConversionResult) -> None:
     print("verification: " + ("skipped" if result.verification is None else result.verification.describe()))
 
 
-def run_fold(args: argparse.Namespace) -> int:
-    report(export_checkpoint(args.source, args.destination, "scalevec", output_options(args)))
-    return 0
-
-
 def run_export(args: argparse.Namespace) -> int:
-    report(export_checkpoint(args.source, args.destination, args.to, output_options(args)))
+    result = export_checkpoint(args.source, args.destination, args.to, output_options(args))
+    report(result)
+    if args.push_to_hub is None:
+        return 0
+    try:
+        pushed = push_folder(result.destination, args.push_to_hub, private=args.private, revision=args.revision)
+    except PushError as error:
+        print(f"scalevec-convert: error: {error}\n{result.destination} was written and is kept.", file=sys.stderr)
+        return 1
+    print(f"pushed to {pushed.repo_id} at revision {pushed.revision}: {pushed.commit_url}")
     return 0
 
 
@@ -118,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         "trust_remote_code=True where scalevec is not installed.",
     )
     add_output_options(fold)
-    fold.set_defaults(run=run_fold)
+    add_publishing_options(fold)
+    fold.set_defaults(run=run_export, to="scalevec")
 
     export = commands.add_parser(
         "export",
@@ -129,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         "code (llama, qwen3, mixtral, qwen3_moe), when it can express the model.",
     )
     add_output_options(export)
+    add_publishing_options(export)
     export.add_argument("--to", required=True, choices=TARGETS, help="output format")
     export.set_defaults(run=run_export)
 
@@ -173,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("source", metavar="SRC")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
     inspect.set_defaults(run=run_inspect)
+
+    push = commands.add_parser(
+        "push",
+        parents=[common],
+        help="upload a checkpoint folder to the Hub",
+        description="Upload DIR as it is to the Hub repository REPO_ID (created if missing) in one commit. The "
+        "token comes from HF_TOKEN or `hf auth login`, never from the command line, and is never printed.",
+    )
+    add_push_arguments(push).set_defaults(run=run_push)
     return parser
 
 

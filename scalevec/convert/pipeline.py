@@ -40,7 +40,8 @@ class ConversionResult:
 
     destination: Path
     target: str
-    config: ScaleVecConfig
+    config: ScaleVecConfig  # of the output
+    source_config: ScaleVecConfig  # of the source, as a ScaleVec model (a stock source: its ScaleVec view)
     dtype: torch.dtype
     files: list[str]
     num_tensors: int
@@ -264,6 +265,7 @@ def _run(job: _Job, destination: str | Path, options: OutputOptions) -> Conversi
             destination=destination,
             target=job.target.name,
             config=job.output_config,
+            source_config=job.source_config,
             dtype=dtype,
             files=[p.name for p in written],
             num_tensors=len(job.plan),

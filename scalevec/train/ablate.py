@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import write_text_atomically
 from ..configuration_scalevec import ScaleVecConfig
 from ..modeling_scalevec import ScaleVecForCausalLM
 from .cli import ModelArguments, parse_arguments, train
@@ -151,9 +152,7 @@ def write_results(records: list[RunRecord], root: Path) -> None:
         ("results.md", summary_table(records)),
         ("results.json", json.dumps([asdict(r) for r in records], indent=2) + "\n"),
     ):
-        temporary = root / f".{name}.tmp"
-        temporary.write_text(text)
-        temporary.replace(root / name)
+        write_text_atomically(root / name, text)
     plot_losses(records, root / "loss_curves.png")
 
 

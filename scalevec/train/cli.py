@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import AutoTokenizer, DataCollatorForLanguageModeling, HfArgumentParser
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import enable_full_determinism, get_last_checkpoint, set_seed
 
+from ..atomic import write_text_atomically
 from ..configuration_scalevec import ScaleVecConfig
+from ..convert.card import RUN_PICTURE
 from ..modeling_scalevec import ScaleVecForCausalLM
 from .corpus import default_tokenizer
 from .data import DataArguments, build_datasets
@@ -74,6 +76,9 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: S
     """Build tokenizer, model and data, train, evaluate on the held-out split, save; returns a `TrainResult`."""
     _check_output_dir(Path(training_args.output_dir), model_args.resume or training_args.resume_from_checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(data_args.tokenizer) if data_args.tokenizer else default_tokenizer()
+    # Seed before the model is built (the Trainer seeds only later): --seed must fix the initial weights too.
+    seed = training_args.seed
+    enable_full_determinism(seed) if training_args.full_determinism else set_seed(seed)
     if model_args.init_from:
         attention = model_args.attn_implementation
         model = ScaleVecForCausalLM.from_pretrained(model_args.init_from, attn_implementation=attention)
@@ -110,8 +115,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: S
     trainer.save_metrics("all", metrics)
     output_dir = Path(training_args.output_dir)
     if trainer.is_world_process_zero():
-        (output_dir / "training_args.json").write_text(training_args.to_json_string())
-    plot = output_dir / "scale_vectors.png"
+        write_text_atomically(output_dir / "training_args.json", training_args.to_json_string())
+    plot = output_dir / RUN_PICTURE
     return TrainResult(output_dir, metrics, plot if plot.exists() else None)
 
 

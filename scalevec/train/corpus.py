@@ -18,6 +18,8 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
+from ..atomic import write_text_atomically
+
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 DEFAULT_VOCAB_SIZE = 4096
@@ -64,13 +66,6 @@ def corpus_documents() -> list[str]:
     return unique
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False, suffix=".tmp") as f:
-        f.write(text)
-    os.replace(f.name, path)
-
-
 def default_corpus_file() -> Path:
     """A JSON-lines file (`{"text": ...}` per document) holding the embedded corpus, written once and cached."""
     path = cache_dir() / f"corpus-py{sys.version_info[0]}.{sys.version_info[1]}.jsonl"
@@ -79,7 +74,7 @@ def default_corpus_file() -> Path:
         text = "".join(json.dumps({"text": d}) + "\n" for d in documents)
         if len(text.encode()) < MIN_CORPUS_BYTES:
             raise RuntimeError(f"the embedded corpus holds only {len(text.encode())} bytes; expected at least 1 MB")
-        _atomic_write_text(path, text)
+        write_text_atomically(path, text)
     return path
 
 

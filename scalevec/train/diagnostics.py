@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from ..convert.card import RUN_PICTURE
 from ..modeling_scalevec import ScaleVecScale
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -61,7 +62,7 @@ class ScaleStatsCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if model is not None and state.is_world_process_zero:
-            plot_run(state.log_history, scale_statistics(_unwrap(model)), Path(args.output_dir) / "scale_vectors.png")
+            plot_run(state.log_history, scale_statistics(_unwrap(model)), Path(args.output_dir) / RUN_PICTURE)
 
 
 class HideScaleStatsFromConsole(TrainerCallback):
