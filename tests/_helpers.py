@@ -182,3 +182,40 @@ def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 
         env={**os.environ, **SUBPROCESS_ENV, **(env or {})},
         cwd=Path(__file__).parent,
     )
+
+
+# --- pretraining (scalevec/train) ----------------------------------------------------------------------------
+
+TINY_TRAIN_OVERRIDES = (
+    '{"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, '
+    '"num_key_value_heads": 2}'
+)
+
+
+def train_argv(output_dir: Path, *extra: str, steps: int = 6) -> list[str]:
+    """`scalevec-train` flags for a run of a few seconds on the embedded corpus; `extra` flags override these."""
+    return [
+        *("--model-size", "tiny", "--config-overrides", TINY_TRAIN_OVERRIDES, "--seq-len", "32"),
+        *("--max-documents", "300", "--max-eval-documents", "4", "--per-device-train-batch-size", "4"),
+        *("--max-steps", str(steps), "--logging-steps", "1", "--save-strategy", "no", "--report-to", "none"),
+        *("--disable-tqdm", "true", "--output-dir", str(output_dir), *extra),
+    ]
+
+
+def log_history(output_dir: Path) -> list[dict]:
+    import json
+
+    return json.loads((Path(output_dir) / "trainer_state.json").read_text())["log_history"]
+
+
+def logged_losses(output_dir: Path) -> list[float]:
+    """The training losses logged by a finished run, in step order."""
+    return [entry["loss"] for entry in log_history(output_dir) if "loss" in entry]
+
+
+def tiny_trainer(model, output_dir: Path, **arguments):
+    """A `ScaleVecTrainer` around `model` (no data needed to build its optimizer and scheduler)."""
+    from scalevec.train import ScaleVecTrainer, ScaleVecTrainingArguments
+
+    arguments = {"report_to": "none", "disable_tqdm": True, **arguments}
+    return ScaleVecTrainer(model=model, args=ScaleVecTrainingArguments(output_dir=str(output_dir), **arguments))

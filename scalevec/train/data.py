@@ -54,6 +54,8 @@ def load_documents(args: DataArguments) -> datasets.Dataset | datasets.IterableD
         source = ("json", {"data_files": [str(default_corpus_file())]})
     elif Path(args.dataset).exists():
         builder, files = _data_files(Path(args.dataset))
+        if all(Path(f).stat().st_size == 0 for f in files):  # `datasets` fails on these with a bare StopIteration
+            raise ValueError(f"--dataset {args.dataset}: the dataset is empty")
         source = (builder, {"data_files": files})
     elif args.dataset.startswith((".", "/", "~")) or Path(args.dataset).suffix in _BUILDERS:
         raise ValueError(f"--dataset {args.dataset}: no such file or folder")
@@ -133,6 +135,8 @@ def build_datasets(args: DataArguments, tokenizer: PreTrainedTokenizerBase, seed
         eval_tokens = _tokenize(held_out, tokenizer, args.num_proc)
         if args.streaming:
             eval_tokens = datasets.Dataset.from_list(list(eval_tokens))
+        if len(eval_tokens) == 0:  # nothing held out (and a stream's empty list has not even the columns)
+            return PackedData(train, None, None)
         eval_set = _packed(eval_tokens, args.seq_len, eos)
         token_count = sum(len(ids) + 1 for ids in eval_tokens["input_ids"])
         bytes_per_token = sum(eval_tokens["bytes"]) / token_count if token_count else None

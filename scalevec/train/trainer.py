@@ -1,6 +1,7 @@
 """`ScaleVecTrainer`: the stock Trainer with role-aware weight decay, Muon, held-out LM metrics and a stop on a
 non-finite loss."""
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +61,10 @@ class ScaleVecTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
+        # Under torchrun on a machine without an accelerator, transformers sets up no DDP unless `use_cpu` is on:
+        # each process would train alone, all writing the same folder. Use gloo on the CPUs instead.
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available():
+            self.use_cpu = True
         # `muon` is ours, not one of transformers' OptimizerNames: validate the rest as usual, then put it back.
         muon = self.optim == "muon"
         if muon:
@@ -125,6 +130,11 @@ class ScaleVecTrainer(Trainer):
             lr=self.args.learning_rate, betas=(self.args.adam_beta1, self.args.adam_beta2), eps=self.args.adam_epsilon
         )
         if optim == "muon":
+            if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+                raise ValueError(
+                    "--optim muon orthogonalises whole matrices, which FSDP and DeepSpeed ZeRO shard across "
+                    "processes: use AdamW with them, or Muon with plain data parallelism (torchrun)"
+                )
             self.optimizer = MuonAdamW(
                 groups, momentum=self.args.muon_momentum, adjust_lr_fn=self.args.muon_adjust_lr, **kwargs
             )
@@ -143,10 +153,22 @@ class ScaleVecTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
         if not torch.isfinite(loss):
-            last = sorted(Path(self.args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-            kept = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint was saved yet"
             raise NonFiniteLossError(
                 f"the training loss became {loss.item()} at step {self.state.global_step + 1}; training stopped "
-                f"before the optimizer step, {kept}. Lower the learning rate or check the data."
+                f"before the optimizer step, {self._last_checkpoint()}. Lower the learning rate or check the data."
             )
         return loss
+
+    def _save_checkpoint(self, model, trial):
+        # A finite loss does not make the update after it finite: never save overflowed weights as a checkpoint.
+        parameters = [p.detach() for p in model.parameters()]
+        if parameters and not torch.stack([torch.isfinite(p).all() for p in parameters]).all():
+            raise NonFiniteLossError(
+                f"the weights became non-finite in the update of step {self.state.global_step}; training stopped "
+                f"without saving them, {self._last_checkpoint()}. Lower the learning rate or check the data."
+            )
+        return super()._save_checkpoint(model, trial)
+
+    def _last_checkpoint(self) -> str:
+        last = sorted(Path(self.args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+        return f"the last good checkpoint is {last[-1]}" if last else "no checkpoint was saved yet"

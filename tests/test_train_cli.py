@@ -1,0 +1,215 @@
+"""`scalevec-train` and `scalevec-ablate` end to end on the embedded corpus, at a tiny size: the loss goes down,
+diagnostics, resuming, two-process DDP, and bad inputs."""
+
+import json
+import math
+import shutil
+import socket
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from scalevec import ScaleVecForCausalLM
+from scalevec.train import ablate, default_tokenizer
+from scalevec.train.cli import main
+from scalevec.train.diagnostics import flat_log, scale_statistics
+
+from ._helpers import log_history, logged_losses, run_python, train_argv
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+STATS = ("mean", "std", "min", "max", "anisotropy")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """36 steps of the default (unified, magnitude-direction) preset at a learning rate that learns quickly."""
+    output = tmp_path_factory.mktemp("run") / "out"
+    argv = train_argv(output, "--learning-rate", "3e-3", "--warmup-steps", "3", "--logging-steps", "3", steps=36)
+    assert main(argv) == 0
+    return output
+
+
+def test_loss_goes_down_and_everything_is_saved(tiny_run):
+    losses = logged_losses(tiny_run)
+    assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
+    assert losses[0] > math.log(4096) - 0.3  # starts near uniform over the vocabulary
+    assert losses[-1] < losses[0] - 0.5
+    metrics = json.loads((tiny_run / "all_results.json").read_text())
+    assert math.isfinite(metrics["eval_loss"]) and metrics["eval_perplexity"] == pytest.approx(
+        math.exp(metrics["eval_loss"]), rel=1e-6
+    )
+    assert metrics["eval_bits_per_byte"] > 0 and metrics["num_input_tokens_seen"] == 36 * 4 * 32
+    saved = AutoTokenizer.from_pretrained(tiny_run)
+    reference = default_tokenizer()
+    text = "def scale(vector): return vector * 2  # ünïcode"
+    assert saved(text)["input_ids"] == reference(text)["input_ids"]
+    assert (saved.eos_token, saved.pad_token) == (reference.eos_token, reference.pad_token)
+    config = json.loads((tiny_run / "config.json").read_text())
+    assert config["vocab_size"] == len(reference) and config["hidden_size"] == 32
+    assert json.loads((tiny_run / "training_args.json").read_text())["learning_rate"] == 3e-3
+
+
+def test_scale_statistics_are_logged_and_plotted(tiny_run):
+    model = ScaleVecForCausalLM.from_pretrained(tiny_run)
+    assert model.config.scale_param == "magdir"
+    final = flat_log(scale_statistics(model))
+    sites = {key.split("/")[1] for key in final}
+    assert {"norm", "self_attn.q_proj.in_scale", "mlp.down_proj.out_scale"} <= sites
+    train_logs = [entry for entry in log_history(tiny_run) if "loss" in entry]
+    for entry in train_logs:
+        for site in sites:
+            for stat in (*STATS, "magnitude"):
+                assert math.isfinite(entry[f"scale/{site}/{stat}"]), (entry["step"], site, stat)
+    last = train_logs[-1]
+    assert last["step"] == 36  # logged after the last update: the statistics of the saved model
+    for key, value in final.items():
+        assert last[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert train_logs[0]["scale/norm/std"] != last["scale/norm/std"]  # the scales moved
+    picture = (tiny_run / "scale_vectors.png").read_bytes()
+    assert picture.startswith(PNG_SIGNATURE)
+    from PIL import Image
+
+    with Image.open(tiny_run / "scale_vectors.png") as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] > 800 and image.size[1] > 200
+
+
+def test_resume_reproduces_the_straight_run(tmp_path):
+    """8 steps straight, checkpointing at 4; then a run that holds only checkpoint-4 (what a run killed after
+    step 4 leaves) resumed with --resume: same losses and same final weights, on CPU up to float noise."""
+    argv = ["--save-strategy", "steps", "--save-steps", "4", "--eval-every", "0", "--scale-preset", "standard"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(train_argv(straight, *argv, steps=8)) == 0
+    checkpoint = straight / "checkpoint-4"
+    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "optimizer.pt").is_file()
+    shutil.copytree(checkpoint, resumed / "checkpoint-4")
+    assert main(train_argv(resumed, *argv, "--resume", "true", steps=8)) == 0
+    first, second = log_history(straight), log_history(resumed)
+    assert [e["step"] for e in second if "loss" in e] == list(range(1, 9))
+    assert logged_losses(resumed) == pytest.approx(logged_losses(straight), abs=1e-6)
+    assert [e.get("grad_norm") for e in second] == pytest.approx([e.get("grad_norm") for e in first], abs=1e-6)
+    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
+    direct = [key for key in first[0] if key.startswith("scale/")]  # direct scales: no magnitude statistic
+    assert direct and all(key.rsplit("/", 1)[1] in STATS for key in direct)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_ddp_matches_one_process(tmp_path):
+    """torchrun with 2 CPU processes (gloo), 2 blocks each, against one process with 4 blocks per step: the same
+    blocks per step (the seeded sampler, split across ranks), so the same losses up to the order of the float
+    reductions (gloo's all-reduce sums two half-batch gradients; ~1e-7 relative per step over 4 Adam steps)."""
+    common = ["--eval-every", "0", "--scale-stats", "false", "--max-documents", "200"]
+    ddp, single = tmp_path / "ddp", tmp_path / "single"
+    launch = "import sys\nfrom torch.distributed.run import main\nmain(sys.argv[1:])\n"
+    torchrun = ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    module = ["-m", "scalevec.train.cli", *train_argv(ddp, *common, "--per-device-train-batch-size", "2", steps=4)]
+    result = run_python(launch, *torchrun, *module, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert main(train_argv(single, *common, steps=4)) == 0  # 4 blocks per device, one device
+    parallel, alone = log_history(ddp), log_history(single)
+    tokens = [e["num_input_tokens_seen"] for e in parallel if "loss" in e]
+    assert tokens == [128, 256, 384, 512]  # counted over both ranks: the run really was distributed
+    assert tokens == [e["num_input_tokens_seen"] for e in alone if "loss" in e]
+    assert logged_losses(ddp) == pytest.approx(logged_losses(single), rel=1e-5)
+    grad_norms = [[e["grad_norm"] for e in history if "loss" in e] for history in (parallel, alone)]
+    assert grad_norms[0] == pytest.approx(grad_norms[1], rel=1e-4)
+    assert len(set(logged_losses(single))) == 4  # the losses differ step to step: the comparison means something
+
+
+# --- bad inputs ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bad_data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bad")
+    (folder / "empty.jsonl").write_text("")
+    (folder / "body.jsonl").write_text("".join(json.dumps({"body": f"text {i} " * 30}) + "\n" for i in range(40)))
+    return folder
+
+
+BAD_INPUTS = {
+    "missing dataset": (["--dataset", "{data}/nowhere.txt"], "--dataset {data}/nowhere.txt: no such file or folder"),
+    "empty dataset": (["--dataset", "{data}/empty.jsonl"], "the dataset is empty"),
+    "unknown size": (["--model-size", "huge"], "--model-size must be one of tiny, tiny-moe"),
+    "unknown preset": (["--scale-preset", "bogus"], "`scale_preset` must be one of 'none', 'standard', 'unified'"),
+    "seq len": (["--seq-len", "2048"], "--seq-len 2048 exceeds the model's max_position_embeddings (1024)"),
+    "text column": (["--dataset", "{data}/body.jsonl"], "--text-column 'text' is not a column"),
+    "output dir": ([], "already holds files; pass --resume"),
+    "resume without checkpoint": (["--resume", "true"], "--resume: no checkpoint-* folder"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_inputs_fail_before_training(case, bad_data, tmp_path, capsys):
+    flags, message = BAD_INPUTS[case]
+    output = tmp_path / "out"
+    if case in ("output dir", "resume without checkpoint"):
+        output.mkdir()
+        (output / "notes.txt").write_text("keep me")
+    flags = [flag.format(data=bad_data) for flag in flags]
+    assert main(train_argv(output, *flags)) == 1
+    error = capsys.readouterr().err
+    assert "scalevec-train: error: " in error and message.format(data=bad_data) in error
+    assert "Traceback" not in error
+    written = sorted(p.name for p in output.iterdir()) if output.exists() else []
+    assert written in ([], ["notes.txt"])  # nothing trained, nothing saved
+    if written:
+        assert (output / "notes.txt").read_text() == "keep me"
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    """At a learning rate of 1e30 the weights overflow in the second update (the loss before it still finite) and
+    the loss is NaN at step 3: with a checkpoint every step, the overflowed weights are refused and checkpoint-1
+    is the last (good) one; without checkpoints the NaN loss stops the run."""
+    output = tmp_path / "out"
+    flags = ["--learning-rate", "1e30", "--warmup-steps", "0", "--eval-every", "0"]
+    assert main(train_argv(output, *flags, "--save-strategy", "steps", "--save-steps", "1", steps=6)) == 1
+    error = capsys.readouterr().err
+    assert "scalevec-train: error: the weights became non-finite in the update of step 2" in error
+    assert f"the last good checkpoint is {output / 'checkpoint-1'}. Lower the learning rate" in error
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-1"]
+    weights = load_file(output / "checkpoint-1" / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    assert not (output / "model.safetensors").exists()  # the diverged model was not saved as the result
+
+    unsaved = tmp_path / "unsaved"
+    assert main(train_argv(unsaved, *flags, "--save-strategy", "no", steps=6)) == 1
+    error = capsys.readouterr().err
+    assert (
+        "scalevec-train: error: the training loss became nan at step 3; training stopped before the optimizer" in error
+    )
+    assert "no checkpoint was saved yet" in error and not (unsaved / "model.safetensors").exists()
+
+
+# --- scalevec-ablate --------------------------------------------------------------------------------------------
+
+
+def test_ablation_of_two_variants(tmp_path, capsys):
+    root = tmp_path / "ablation"
+    argv = ["--variants", "none,unified", *train_argv(root, "--max-eval-documents", "2", steps=4)]
+    assert ablate.main(argv) == 0
+    records = json.loads((root / "results.json").read_text())
+    assert [r["variant"] for r in records] == ["none", "unified"]
+    for record in records:
+        assert math.isfinite(record["train_loss"]) and math.isfinite(record["eval_loss"])
+        assert record["train_loss"] == logged_losses(root / f"{record['variant']}-seed42")[-1]
+    assert records[0]["tokens"] == records[1]["tokens"] == 4 * 4 * 32
+    assert records[0]["scale_parameters"] == 0 < records[1]["scale_parameters"]
+    table = (root / "results.md").read_text()
+    assert "| none | 1 |" in table and "| unified | 1 |" in table
+    assert (root / "loss_curves.png").read_bytes().startswith(PNG_SIGNATURE)
+    capsys.readouterr()
+    refused = ablate.main(["--scale-preset", "standard", *train_argv(tmp_path / "refused", steps=4)])
+    assert refused == 1
+    assert "--scale-preset: scalevec-ablate sets the scale strategy per variant" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
