@@ -90,7 +90,7 @@ def test_card_from_a_real_run_parses_back_with_its_metadata_numbers_and_picture(
     assert (tmp_path / "export" / "loss.png").read_bytes() == picture.read_bytes()
     assert 'from_pretrained("tester/tiny-scalevec", trust_remote_code=True)' in card.text
     assert "Folded every input-role scale into its matrix." in card.text and "arXiv" in card.text
-    assert "2605.26895" in card.text and "Wang and Zhu and Fang and Li and Shen and Zhong" in card.text
+    assert "2605.26895" in card.text and "Wang, Mingze and Zhu, Shuchen" in card.text
     assert sorted(p.name for p in (tmp_path / "export").iterdir() if p.name.startswith(".")) == []  # no temp file
 
 
