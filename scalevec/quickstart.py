@@ -36,10 +36,10 @@ PROMPT = "The Python interpreter"
 # as on a machine that has only transformers.
 LOAD_AND_GENERATE = """
 import json, sys
-if sys.argv[2] == "scalevec":
+remote = sys.argv[2] == "scalevec"
+if remote:
     sys.modules["scalevec"] = None
 from transformers import AutoModelForCausalLM, AutoTokenizer
-remote = sys.argv[2] == "scalevec"
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=remote)
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=remote)  # it reads config.json too
 inputs = tokenizer(sys.argv[3], return_tensors="pt")

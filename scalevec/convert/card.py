@@ -128,9 +128,7 @@ def card_writer(source: str | Path, repo_id: str | None = None) -> BeforeCommit:
 
 def folding_summary(result: ConversionResult) -> str:
     """What the conversion did, in a paragraph, from the source's strategy and the verification."""
-    with torch.device("meta"):
-        roles = ScaleVecForCausalLM(copy.deepcopy(result.source_config)).scale_vector_roles()
-    folded, kept = len(roles["input"]), len(roles["output"])
+    folded, kept = len(result.source_roles["input"]), len(result.source_roles["output"])
     dtype = str(result.dtype).removeprefix("torch.")
     text = (
         f"The source ({_strategy_name(result.source_config)} strategy) has {folded} input-role scale-vector tensors "

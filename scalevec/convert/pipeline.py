@@ -42,6 +42,7 @@ class ConversionResult:
     target: str
     config: ScaleVecConfig  # of the output
     source_config: ScaleVecConfig  # of the source, as a ScaleVec model (a stock source: its ScaleVec view)
+    source_roles: dict[str, list[str]]  # the source's scale-vector names by role (`scale_vector_roles()`)
     dtype: torch.dtype
     files: list[str]
     num_tensors: int
@@ -62,6 +63,7 @@ class _Job:
     checkpoint: Checkpoint
     source_format: Format
     source_config: ScaleVecConfig
+    source_roles: dict[str, list[str]]
     output_config: ScaleVecConfig
     target: Format
     source_units: dict[str, list[str]]
@@ -128,7 +130,7 @@ def _prepare(source: str | Path, target: Format, output_config_of: Callable[[Sca
             f"cannot export to {target.name}: the model has {'; and '.join(blockers)}. "
             "`--to scalevec` (remote code) always works."
         )
-    source_state, _ = meta_state(source_config)
+    source_state, source_roles = meta_state(source_config)
     source_units = _on_disk(source_format, source_config, _by_unit(source_state, source_config))
     expected = {key: tuple(t.shape) for tensors in source_units.values() for key, t in tensors.items()}
     ignored = [LM_HEAD] if source_config.tie_word_embeddings else []  # some writers store a tied head anyway
@@ -144,6 +146,7 @@ def _prepare(source: str | Path, target: Format, output_config_of: Callable[[Sca
         checkpoint,
         source_format,
         source_config,
+        source_roles,
         output_config,
         target,
         {unit: list(tensors) for unit, tensors in source_units.items()},
@@ -266,6 +269,7 @@ def _run(job: _Job, destination: str | Path, options: OutputOptions) -> Conversi
             target=job.target.name,
             config=job.output_config,
             source_config=job.source_config,
+            source_roles=job.source_roles,
             dtype=dtype,
             files=[p.name for p in written],
             num_tensors=len(job.plan),

@@ -1,26 +1,18 @@
 """Model sizes: `tiny` trains in minutes on two CPU cores; the others follow the paper's range (0.12B to 2B dense,
 and an MoE model) and are meant for GPUs. Vocabulary size comes from the tokenizer."""
 
+_TINY = dict(
+    hidden_size=128,
+    intermediate_size=352,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
+
 MODEL_SIZES: dict[str, dict] = {
-    "tiny": dict(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-    ),
-    "tiny-moe": dict(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=128,
-    ),
+    "tiny": _TINY,
+    "tiny-moe": dict(_TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128),
     "0.12b": dict(
         hidden_size=768,
         intermediate_size=2048,
