@@ -160,6 +160,20 @@ def hand_newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.T if g.shape[0] > g.shape[1] else x
 
 
+@pytest.mark.parametrize("sharding", ["is_fsdp_enabled", "is_deepspeed_enabled"])
+def test_muon_is_refused_when_matrices_are_sharded(sharding, tmp_path):
+    """FSDP / ZeRO cannot start on this CPU machine; the Trainer records them in these flags (from accelerate's
+    state), which is what the guard reads. AdamW stays allowed."""
+    model = ScaleVecForCausalLM(tiny_config())
+    trainer = tiny_trainer(model, tmp_path, optim="muon")
+    setattr(trainer, sharding, True)
+    with pytest.raises(ValueError, match="--optim muon orthogonalises whole matrices, which FSDP and DeepSpeed"):
+        trainer.create_optimizer()
+    adamw = tiny_trainer(model, tmp_path, optim="adamw_torch")
+    setattr(adamw, sharding, True)
+    assert isinstance(adamw.create_optimizer(), torch.optim.AdamW)
+
+
 @pytest.mark.parametrize("shape", [(24, 16), (16, 24)])
 def test_newton_schulz_fp32_matches_hand_iteration_and_orthogonalises(shape):
     g = torch.randn(shape, generator=torch.Generator().manual_seed(1))
