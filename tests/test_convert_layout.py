@@ -2,6 +2,7 @@
 streaming writer against safetensors itself, and loading through a Hub cache snapshot by repo id."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,39 @@ def test_a_sharded_source_converts_into_a_sharded_output(tmp_path, capsys):
     stock = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     ids = random_ids(model.config)
     torch.testing.assert_close(logits(stock, ids), logits(model, ids), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "refused"])
+def test_unchanged_tensors_are_copied_byte_for_byte(tmp_path, monkeypatch, kernel_copy):
+    """Tensors that folding leaves alone (here the embeddings and the LM head) are copied file to file in the
+    kernel; where a file system refuses that, they are written the ordinary way, with the same result."""
+    torch.manual_seed(0)
+    model = ScaleVecForCausalLM(tiny_config(tie_word_embeddings=False)).eval()
+    randomize_scales(model)
+    model.save_pretrained(tmp_path / "src", max_shard_size="20KB")
+    copied = []
+
+    def copy_file_range(source_fd, output_fd, count, offset_src):
+        if not kernel_copy:
+            raise OSError(18, "Invalid cross-device link")
+        copied.append(count)
+        return real_copy(source_fd, output_fd, count, offset_src)
+
+    real_copy = os.copy_file_range
+    monkeypatch.setattr(os, "copy_file_range", copy_file_range)
+    result = export_checkpoint(tmp_path / "src", tmp_path / "out", "llama", OutputOptions(max_shard_size="24KB"))
+    assert result.verification.max_abs <= 1e-4
+    unchanged = {"model.embed_tokens.weight", "lm_head.weight"}
+    assert sum(copied) == (sum(model.state_dict()[name].nbytes for name in unchanged) if kernel_copy else 0)
+    written = {}
+    for shard in (tmp_path / "out").glob("*.safetensors"):
+        written |= load_file(shard)
+    source = model.state_dict()
+    for name in unchanged:
+        assert torch.equal(written[name], source[name]), name
+    assert not torch.equal(
+        written["model.layers.0.mlp.down_proj.weight"], source["model.layers.0.mlp.down_proj.weight"]
+    )
 
 
 def test_a_bin_source_is_read_with_weights_only(tmp_path):

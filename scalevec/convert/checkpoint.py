@@ -4,6 +4,7 @@ or tensor at fault. Tensors are read a few at a time and each file is closed aga
 what the converter is working on, never the whole model."""
 
 import json
+import struct
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class TensorInfo:
     file: Path
     shape: tuple[int, ...]
     dtype: torch.dtype
+    offset: int | None = None  # where its bytes start in a safetensors file (None in a `.bin`)
 
 
 class Checkpoint:
@@ -129,17 +131,28 @@ def _tensors_of_index(index_file: Path) -> dict[str, TensorInfo]:
 def _tensors_of(file: Path) -> dict[str, TensorInfo]:
     if file.suffix == ".safetensors":
         try:
-            with safe_open(file, framework="pt") as handle:
+            with safe_open(file, framework="pt") as handle:  # validates the header against the file's size
                 slices = {name: handle.get_slice(name) for name in handle.keys()}  # noqa: SIM118
-                return {
-                    name: TensorInfo(file, tuple(s.get_shape()), SAFETENSORS_DTYPES.get(s.get_dtype(), s.get_dtype()))
-                    for name, s in slices.items()
-                }
+            offsets = _data_offsets(file)
+            return {
+                name: TensorInfo(
+                    file, tuple(s.get_shape()), SAFETENSORS_DTYPES.get(s.get_dtype(), s.get_dtype()), offsets[name]
+                )
+                for name, s in slices.items()
+            }
         except (SafetensorError, OSError) as error:
             raise CheckpointError(
                 f"{file} is not a readable safetensors file (truncated or corrupted?): {error}"
             ) from error
     return {name: TensorInfo(file, tuple(t.shape), t.dtype) for name, t in _load_bin(file).items()}
+
+
+def _data_offsets(file: Path) -> dict[str, int]:
+    """Byte offset of each tensor's data in a safetensors file: 8 bytes of header length, the JSON header, data."""
+    with open(file, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    return {name: 8 + length + entry["data_offsets"][0] for name, entry in header.items() if name != "__metadata__"}
 
 
 def _load_bin(file: Path) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ from transformers.utils.hub import convert_file_size_to_int
 
 from ..configuration_scalevec import SCALE_PRESETS, ScaleVecConfig
 from ..modeling_scalevec import ScaleVecForCausalLM
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, TensorInfo
 from .errors import CheckpointError, TargetError, VerificationError
 from .files import copy_side_files, write_config, write_remote_code
 from .fold import fold_unit
@@ -156,12 +156,15 @@ def _prepare(source: str | Path, target: Format, output_config_of: Callable[[Sca
     )
 
 
-def _convert_unit(job: _Job, unit: str) -> Tensors:
-    tensors = job.checkpoint.read(job.source_units[unit])
-    tensors = job.source_format.from_disk(unit, tensors, job.source_config)
+def _convert_unit(job: _Job, unit: str) -> tuple[Tensors, dict[str, TensorInfo]]:
+    """The unit's output tensors, and where those that pass through unchanged lie in the source."""
+    source = job.checkpoint.read(job.source_units[unit])
+    tensors = job.source_format.from_disk(unit, source, job.source_config)
     folded = fold_unit(unit, tensors, job.source_config.hidden_size)
     placed = place_unit(unit, folded, job.output_units[unit], job.output_scales)
-    return job.target.to_disk(unit, placed, job.output_config)
+    output = job.target.to_disk(unit, placed, job.output_config)
+    origin = {id(tensor): job.checkpoint.tensors[name] for name, tensor in source.items()}
+    return output, {name: origin[id(tensor)] for name, tensor in output.items() if id(tensor) in origin}
 
 
 @dataclass(frozen=True)
@@ -287,7 +290,7 @@ def _run(job: _Job, destination: str | Path, options: OutputOptions) -> Conversi
 def _write(job: _Job, folder: Path, dtype: torch.dtype, max_shard_bytes: int) -> None:
     with ShardedWriter(folder, job.plan, dtype, max_shard_bytes) as writer:
         for unit in job.source_units:
-            writer.write(_convert_unit(job, unit))
+            writer.write(*_convert_unit(job, unit))
         writer.close()
     write_config(folder, job.target, job.output_config, dtype)
     if not isinstance(job.target, StockFormat):

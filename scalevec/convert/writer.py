@@ -5,6 +5,7 @@ ordinary safetensors (`safe_open`, `from_pretrained`), sharded and indexed with 
 
 import json
 import math
+import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import BinaryIO
 
 import torch
 
-from .checkpoint import SAFETENSORS_DTYPES
+from .checkpoint import SAFETENSORS_DTYPES, TensorInfo
 from .errors import ConversionError
 
 DTYPE_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
@@ -35,6 +36,12 @@ def shard_plan(plan: Plan, element_size: int, max_shard_bytes: int) -> list[list
     return shards
 
 
+def _write_all(file: BinaryIO, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:  # an unbuffered write may take only part
+        view = view[file.write(view) :]
+
+
 class ShardedWriter:
     """Writes the tensors of `plan`, in plan order, as `dtype` into `folder`. Call `write` with consecutive groups
     of planned tensors (each group in any order), then `close`."""
@@ -54,8 +61,10 @@ class ShardedWriter:
         self._file: BinaryIO | None = None
         self._shard = -1
 
-    def write(self, tensors: dict[str, torch.Tensor]) -> None:
-        tensors = dict(tensors)
+    def write(self, tensors: dict[str, torch.Tensor], stored: dict[str, TensorInfo] | None = None) -> None:
+        """`stored`: where tensors that are the source's own bytes lie; those of the output dtype are copied file to
+        file in the kernel, never passing through this process's memory."""
+        tensors, stored = dict(tensors), stored or {}
         while tensors:
             shard, name, shape = self._pending.pop()
             if name not in tensors:
@@ -65,9 +74,12 @@ class ShardedWriter:
                 raise ConversionError(f"internal error: {name} has shape {list(tensor.shape)}, planned {list(shape)}")
             if shard != self._shard:
                 self._open_shard(shard)
+            source = stored.get(name)
+            if source is not None and source.dtype == self.dtype and self._copy_stored(source, tensor):
+                continue
             data = tensor.to(self.dtype).contiguous().reshape(-1)
             if data.numel():
-                self._file.write(data.view(torch.uint8).numpy())
+                _write_all(self._file, data.view(torch.uint8).numpy())
 
     def close(self) -> None:
         """Finish the files, and write the index when there are several."""
@@ -83,10 +95,30 @@ class ShardedWriter:
     def __exit__(self, *exc_info) -> None:
         self._close_file()
 
+    def _copy_stored(self, source: TensorInfo, tensor: torch.Tensor) -> bool:
+        """False where the kernel cannot copy (no `copy_file_range`, or a file system that refuses it)."""
+        if source.offset is None or not hasattr(os, "copy_file_range"):
+            return False
+        start, nbytes = self._file.tell(), tensor.numel() * self.element_size
+        try:
+            with open(source.file, "rb") as handle:
+                done, source_fd, output_fd = 0, handle.fileno(), self._file.fileno()
+                while done < nbytes:
+                    copied = os.copy_file_range(source_fd, output_fd, nbytes - done, source.offset + done)
+                    if not copied:
+                        raise OSError(f"{source.file} ended early")
+                    done += copied
+        except OSError:
+            self._file.seek(start)
+            self._file.truncate()
+            return False
+        return True
+
     def _open_shard(self, shard: int) -> None:
         self._close_file()
         self._shard = shard
-        self._file = open(self.folder / self.file_names[shard], "wb")  # noqa: SIM115 (spans many write calls)
+        # Unbuffered: the kernel copies of `_copy_stored` and ordinary writes share the file position.
+        self._file = open(self.folder / self.file_names[shard], "wb", buffering=0)  # noqa: SIM115 (many writes)
         header: dict = {"__metadata__": {"format": "pt"}}
         offset = 0
         for name, shape in self.shards[shard]:
@@ -99,7 +131,7 @@ class ShardedWriter:
             offset += nbytes
         blob = json.dumps(header, separators=(",", ":")).encode()
         blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as safetensors itself pads
-        self._file.write(struct.pack("<Q", len(blob)) + blob)
+        _write_all(self._file, struct.pack("<Q", len(blob)) + blob)
 
     def _close_file(self) -> None:
         if self._file is not None:
