@@ -75,6 +75,7 @@ def test_groups_by_role(name, explicit, tmp_path):
     trainer = tiny_trainer(model, tmp_path, weight_decay=WD, **arguments)
     optimizer = trainer.create_optimizer()
     assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.defaults["fused"]  # the default `adamw_torch_fused`, on CPUs as on GPUs
     decays = decay_by_name(model, optimizer)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert sorted(decays) == sorted(trainable)  # every trainable parameter in exactly one group
@@ -231,7 +232,8 @@ def test_muon_fp32_step_by_hand():
     assert muon_lr_ratio(p.shape, "original") == 1.0 and muon_lr_ratio((20, 5), "original") == 2.0
 
 
-def test_adamw_groups_match_torch_adamw():
+@pytest.mark.parametrize("fused", [None, True])
+def test_adamw_groups_match_torch_adamw(fused):
     torch.manual_seed(0)
     model = ScaleVecForCausalLM(tiny_config(scale_preset="standard", qk_norm=True))
     twin = copy.deepcopy(model)
@@ -240,9 +242,9 @@ def test_adamw_groups_match_torch_adamw():
     groups = [g for g in parameter_groups(model, decay) if not g["muon"]]  # embeddings, scales
     twin_groups = [g for g in parameter_groups(twin, decay) if not g["muon"]]
     kwargs = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8)
-    mine = MuonAdamW(groups, **kwargs)
+    mine = MuonAdamW(groups, fused=fused, **kwargs)
     reference = torch.optim.AdamW(
-        [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in twin_groups], **kwargs
+        [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in twin_groups], fused=fused, **kwargs
     )
     ids = random_ids(model.config, batch=2, length=12)
     for _ in range(3):

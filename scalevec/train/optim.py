@@ -126,6 +126,7 @@ class MuonAdamW(torch.optim.Optimizer):
         ns_steps=5,
         adjust_lr_fn="match_rms_adamw",
         ns_dtype: torch.dtype | None = None,
+        fused: bool | None = None,
     ):
         defaults = dict(
             lr=lr,
@@ -140,6 +141,7 @@ class MuonAdamW(torch.optim.Optimizer):
         )
         super().__init__(groups, defaults)
         self.ns_dtype = ns_dtype  # None: bf16 on GPUs, fp32 on CPUs (see `newton_schulz`)
+        self.fused = fused  # for the AdamW groups, as `torch.optim.AdamW(fused=...)`
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -171,9 +173,8 @@ class MuonAdamW(torch.optim.Optimizer):
             return
         for p in params:
             if not self.state[p]:
-                self.state[p].update(
-                    step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
-                )
+                step = torch.zeros((), device=p.device if self.fused else "cpu")  # where torch's AdamW keeps it
+                self.state[p].update(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
         states = [self.state[p] for p in params]
         adam(
             params,
@@ -190,4 +191,5 @@ class MuonAdamW(torch.optim.Optimizer):
             eps=group["eps"],
             maximize=False,
             decoupled_weight_decay=True,
+            fused=self.fused,
         )

@@ -136,13 +136,13 @@ class ScaleVecTrainer(Trainer):
                     "processes: use AdamW with them, or Muon with plain data parallelism (torchrun)"
                 )
             self.optimizer = MuonAdamW(
-                groups, momentum=self.args.muon_momentum, adjust_lr_fn=self.args.muon_adjust_lr, **kwargs
+                groups, momentum=self.args.muon_momentum, adjust_lr_fn=self.args.muon_adjust_lr, fused=True, **kwargs
             )
         elif optim in _ADAMW:
-            fused = optim == "adamw_torch_fused" and all(p.is_cuda for g in groups for p in g["params"])
             for group in groups:
                 group["muon"] = False
-            self.optimizer = torch.optim.AdamW(groups, fused=fused or None, **kwargs)
+            # As transformers does: one fused kernel per tensor on CPUs too, 4-5x faster than the per-op loop.
+            self.optimizer = torch.optim.AdamW(groups, fused=optim == "adamw_torch_fused" or None, **kwargs)
         else:  # any other optimizer transformers knows, fed with the role-aware groups
             optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
             self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
