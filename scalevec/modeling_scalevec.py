@@ -209,14 +209,18 @@ def _vector(scale: ScaleVecScale | None) -> torch.Tensor | None:
 class ScaleVecLinear(nn.Module):
     """`y = b * (W (a * x))` without bias. A map that reads a normalised input gets its branch scale `a` from
     `norm_scale="branch"`; any other map gets a column scale from `linear_scale`; every map gets a row scale `b`
-    from `linear_scale`."""
+    from `linear_scale`, except where a neighbouring map's scale already multiplies the same features
+    (`scaled_elsewhere`: "in" or "out"): two such vectors are one parameter stored twice."""
 
-    def __init__(self, in_features: int, out_features: int, config: ScaleVecConfig, reads_norm: bool):
+    def __init__(
+        self, in_features: int, out_features: int, config: ScaleVecConfig, reads_norm: bool, scaled_elsewhere: str = ""
+    ):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         in_scaled = config.norm_scale == "branch" if reads_norm else config.linear_scale in ("in", "both")
+        in_scaled = in_scaled and scaled_elsewhere != "in"
         # A single output row (the shared-expert gate) has no direction for a row scale to precondition.
-        out_scaled = config.linear_scale in ("out", "both") and out_features > 1
+        out_scaled = config.linear_scale in ("out", "both") and out_features > 1 and scaled_elsewhere != "out"
         self.in_scale = ScaleVecScale((in_features,), config.scale_param, "input") if in_scaled else None
         self.out_scale = ScaleVecScale((out_features,), config.scale_param, "input") if out_scaled else None
 
@@ -275,7 +279,9 @@ class ScaleVecMLP(nn.Module):
         self.intermediate_size = intermediate_size
         self.gate_proj = ScaleVecLinear(config.hidden_size, intermediate_size, config, reads_norm=True)
         self.up_proj = ScaleVecLinear(config.hidden_size, intermediate_size, config, reads_norm=True)
-        self.down_proj = ScaleVecLinear(intermediate_size, config.hidden_size, config, reads_norm=False)
+        # down reads silu(gate) * up, whose features up's row scales already multiply
+        covered = "in" if config.linear_scale == "both" else ""
+        self.down_proj = ScaleVecLinear(intermediate_size, config.hidden_size, config, False, scaled_elsewhere=covered)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x):
@@ -302,7 +308,8 @@ class ScaleVecTopKRouter(ScaleVecLinear):
 
 class ScaleVecExperts(nn.Module):
     """SwiGLU experts as stacked 3-D weights (gate rows first in `gate_up_proj`), with per-expert scales:
-    branch scales on gate and up (E, 2, H), row scales (E, 2, I) and (E, H), column scales on down (E, I)."""
+    branch scales on gate and up (E, 2, H), row scales (E, 2, I) and (E, H), column scales on down (E, I) unless
+    the up rows already scale those features."""
 
     def __init__(self, config: ScaleVecConfig):
         super().__init__()
@@ -315,7 +322,7 @@ class ScaleVecExperts(nn.Module):
         shapes = {
             "gate_up_in_scale": ((num_experts, 2, hidden), config.norm_scale == "branch"),
             "gate_up_out_scale": ((num_experts, 2, inter), rows),
-            "down_in_scale": ((num_experts, inter), cols),
+            "down_in_scale": ((num_experts, inter), cols and not rows),  # as in ScaleVecMLP
             "down_out_scale": ((num_experts, hidden), rows),
         }
         for name, (shape, present) in shapes.items():
@@ -408,7 +415,9 @@ class ScaleVecAttention(nn.Module):
         q_size, kv_size = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
         self.q_proj = ScaleVecLinear(config.hidden_size, q_size, config, reads_norm=True)
         self.k_proj = ScaleVecLinear(config.hidden_size, kv_size, config, reads_norm=True)
-        self.v_proj = ScaleVecLinear(config.hidden_size, kv_size, config, reads_norm=True)
+        # attention mixes v's features linearly, and o's column scales (per query head: finer under GQA) cover them
+        covered = "out" if config.linear_scale == "both" else ""
+        self.v_proj = ScaleVecLinear(config.hidden_size, kv_size, config, True, scaled_elsewhere=covered)
         self.o_proj = ScaleVecLinear(q_size, config.hidden_size, config, reads_norm=False)
         qk_norm = ScaleVecRMSNorm if config.qk_norm else nn.Identity
         self.q_norm = qk_norm(self.head_dim, config, role="output")

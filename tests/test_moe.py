@@ -319,14 +319,16 @@ def test_roles_cover_expert_scales_as_input():
     for site in (
         "experts.gate_up_in_scale",
         "experts.gate_up_out_scale",
-        "experts.down_in_scale",
         "experts.down_out_scale",
         "gate.in_scale",
         "gate.out_scale",
-        "shared_expert.down_proj.in_scale",
+        "shared_expert.up_proj.out_scale",
+        "shared_expert.down_proj.out_scale",
         "shared_expert_gate.in_scale",
     ):
         assert {f"{layer}{site}.magnitude", f"{layer}{site}.direction"} <= names, site
+    # the experts' up rows scale what down's columns would: one vector, not two (see test_modeling)
+    assert not any("down_in_scale" in n or "down_proj.in_scale" in n for n in names)
     assert not any(".mlp." in n for n in roles["output"])
     every_name = list(itertools.chain(*roles.values()))
     assert len(every_name) == len(set(every_name))
