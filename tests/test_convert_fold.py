@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from scalevec.convert import OutputOptions, export_checkpoint
+from scalevec.convert import OutputOptions, export_checkpoint, scales
 
 from ._helpers import (
     load_in_fresh_process,
@@ -157,3 +157,27 @@ def test_branch_scales_that_differ_fold_into_the_matrices_and_leave_unit_norms(t
         attention = model.model.layers[0].self_attn.k_proj
         folded = attention.weight * attention.in_scale.vector()
         torch.testing.assert_close(f.get_tensor("model.layers.0.self_attn.k_proj.weight"), folded.detach())
+
+
+def _computed(matrix) -> torch.Tensor:
+    return torch.cat([block.clone().reshape(-1) for block in matrix.blocks()]).reshape(matrix.shape)
+
+
+def test_a_scaled_matrix_is_computed_block_by_block_exactly(monkeypatch):
+    """Folded matrices are products computed while they are written, a few rows at a time; with blocks of two rows,
+    stacked experts, row groups (gate, up), a second scaling and the split into experts give the eager result."""
+    monkeypatch.setattr(scales, "BLOCK_ELEMENTS", 2 * 7)
+    torch.manual_seed(0)
+    weight, rows, columns = torch.randn(3, 2 * 5, 7), torch.rand(3, 2, 5), torch.rand(3, 2, 7)
+    eager = (weight.unflatten(-2, (2, -1)) * rows[..., None] * columns[..., None, :]).reshape(weight.shape)
+    matrix = scales.scale_matrix(weight, rows, columns, row_groups=2)
+    assert tuple(matrix.shape) == tuple(weight.shape)
+    torch.testing.assert_close(_computed(matrix), eager, rtol=0, atol=0)
+    more = torch.rand(7)
+    twice = scales.scale_matrix(matrix, None, more, row_groups=2)
+    torch.testing.assert_close(_computed(twice), eager * more, rtol=1e-6, atol=0)
+    torch.testing.assert_close(_computed(twice.unflatten(-2, (2, -1))[1, 0]), (eager * more)[1, :5])
+    with pytest.raises(IndexError, match="integers into its stack dimensions"):
+        matrix[0:1]
+    with pytest.raises(IndexError, match="reaches into the matrices"):
+        scales.scale_matrix(weight[0], None, more)[0]

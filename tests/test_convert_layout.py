@@ -65,7 +65,7 @@ def test_a_sharded_source_converts_into_a_sharded_output(tmp_path, capsys):
     torch.testing.assert_close(logits(stock, ids), logits(model, ids), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "refused"])
+@pytest.mark.parametrize("kernel_copy", [True, False], ids=["sendfile", "refused"])
 def test_unchanged_tensors_are_copied_byte_for_byte(tmp_path, monkeypatch, kernel_copy):
     """Tensors that folding leaves alone (here the embeddings and the LM head) are copied file to file in the
     kernel; where a file system refuses that, they are written the ordinary way, with the same result."""
@@ -75,14 +75,16 @@ def test_unchanged_tensors_are_copied_byte_for_byte(tmp_path, monkeypatch, kerne
     model.save_pretrained(tmp_path / "src", max_shard_size="20KB")
     copied = []
 
-    def copy_file_range(source_fd, output_fd, count, offset_src):
+    def sendfile(output_fd, source_fd, offset, count):
         if not kernel_copy:
-            raise OSError(18, "Invalid cross-device link")
-        copied.append(count)
-        return real_copy(source_fd, output_fd, count, offset_src)
+            raise OSError(22, "Invalid argument")
+        sent = real_sendfile(output_fd, source_fd, offset, count)
+        if os.readlink(f"/proc/self/fd/{output_fd}").endswith(".safetensors"):  # not shutil's copies of side files
+            copied.append(sent)
+        return sent
 
-    real_copy = os.copy_file_range
-    monkeypatch.setattr(os, "copy_file_range", copy_file_range)
+    real_sendfile = os.sendfile
+    monkeypatch.setattr(os, "sendfile", sendfile)
     result = export_checkpoint(tmp_path / "src", tmp_path / "out", "llama", OutputOptions(max_shard_size="24KB"))
     assert result.verification.max_abs <= 1e-4
     unchanged = {"model.embed_tokens.weight", "lm_head.weight"}

@@ -5,7 +5,6 @@ Every number on the card comes from the config, the checkpoint's own files or th
 left out, so a checkpoint without records gets a short, honest card rather than invented figures.
 """
 
-import copy
 import json
 import math
 import shutil
@@ -13,14 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 
 from ..atomic import write_text_atomically
 from ..configuration_scalevec import SCALE_PRESETS, ScaleVecConfig
-from ..modeling_scalevec import ScaleVecForCausalLM
-from .pipeline import BeforeCommit, ConversionResult
+from .pipeline import BeforeCommit, ConversionResult, meta_state
 
 TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
 STRATEGY_FIELDS = ("norm_scale", "linear_scale", "scale_param")
@@ -232,9 +229,9 @@ def _published_format(folder: Path, export_target: str) -> str:
 
 def _model_parameters(config: ScaleVecConfig) -> tuple[int, int]:
     """(all parameters, scale-vector parameters), counted on the meta device: no memory, any model size."""
-    with torch.device("meta"):
-        model = ScaleVecForCausalLM(copy.deepcopy(config))  # a copy: building a model sets fields on its config
-    return sum(p.numel() for p in model.parameters()), model.num_scale_parameters()
+    state, roles = meta_state(config)
+    scales = set(roles["input"] + roles["output"])
+    return sum(t.numel() for t in state.values()), sum(t.numel() for name, t in state.items() if name in scales)
 
 
 def _checkpoint_parameters(folder: Path) -> int | None:

@@ -20,7 +20,8 @@ Tensors = dict[str, torch.Tensor]
 
 
 def fold_unit(unit: str, tensors: Tensors, hidden_size: int) -> Tensors:
-    """The folded tensors of one unit. Matrices with nothing to fold keep their dtype; computed ones are float32."""
+    """The folded tensors of one unit. Matrices with nothing to fold are the source's tensors; the others are
+    `ScaledMatrix` products (float32), computed when written."""
     remaining = dict(strip_prefix(unit, tensors))
     if unit == EMBED:
         folded = {EMBEDDINGS: remaining.pop(EMBEDDINGS)}

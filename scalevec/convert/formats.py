@@ -252,11 +252,12 @@ def _unsupported_stock_features(stock: PreTrainedConfig) -> list[str]:
 def _split_experts(tensors: Tensors, keys: ExpertKeys, config: ScaleVecConfig) -> Tensors:
     out = {key: value for key, value in tensors.items() if not key.startswith("mlp.gate.") and ".experts." not in key}
     out[keys.router()] = tensors["mlp.gate.weight"]
-    gate_up, down = tensors["mlp.experts.gate_up_proj"], tensors["mlp.experts.down_proj"]
-    inter = config.moe_intermediate_size
+    # unflatten and integer indices: what a tensor and a ScaledMatrix (a product not yet computed) both support
+    gate_up = tensors["mlp.experts.gate_up_proj"].unflatten(-2, (2, -1))
+    down = tensors["mlp.experts.down_proj"]
     for e in range(config.num_experts):
-        out[keys.expert(e, keys.gate)] = gate_up[e, :inter]
-        out[keys.expert(e, keys.up)] = gate_up[e, inter:]
+        out[keys.expert(e, keys.gate)] = gate_up[e, 0]
+        out[keys.expert(e, keys.up)] = gate_up[e, 1]
         out[keys.expert(e, keys.down)] = down[e]
     return out
 

@@ -5,6 +5,8 @@ Everything that can be refused is refused before the staging folder exists: an u
 not match the source's config, a target format that cannot express the model.
 """
 
+import functools
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,10 +77,16 @@ class _Job:
 def meta_state(config: ScaleVecConfig) -> tuple[Tensors, dict[str, list[str]]]:
     """The state dict (as saved: no tied LM head) and the scale-vector names by role of a ScaleVec model of
     `config`, on the meta device: the layout of a checkpoint, with no memory spent on it."""
+    state, roles = _meta_state(json.dumps(config.to_dict(), sort_keys=True))
+    return dict(state), {role: list(names) for role, names in roles.items()}
+
+
+@functools.lru_cache(maxsize=4)  # a conversion, its verification and its model card ask for the same layouts
+def _meta_state(config_json: str) -> tuple[Tensors, dict[str, list[str]]]:
     with torch.device("meta"):
-        model = ScaleVecForCausalLM(config)
+        model = ScaleVecForCausalLM(ScaleVecConfig.from_dict(json.loads(config_json)))  # built from a copy
     state = model.state_dict()
-    if config.tie_word_embeddings:
+    if model.config.tie_word_embeddings:
         del state[LM_HEAD]
     return state, model.scale_vector_roles()
 

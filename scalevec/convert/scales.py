@@ -2,13 +2,15 @@
 applying row/column scales to a (possibly stacked) matrix. All arithmetic runs in float32."""
 
 import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import torch
 
 # Vectors that agree to this relative tolerance are the same scale: a magnitude-direction vector rebuilt from
 # identical parameters can differ in the last bit depending on the shape it was computed in.
 SAME_SCALE_RTOL = 1e-6
-_BLOCK_ELEMENTS = 1 << 18  # 1 MiB of float32
+BLOCK_ELEMENTS = 1 << 18  # 1 MiB of float32
 
 
 def pop_vector(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Tensor | None:
@@ -59,39 +61,89 @@ def ratio(vector: torch.Tensor, common: torch.Tensor) -> torch.Tensor | None:
     return None if bool((quotient == 1).all()) else quotient
 
 
+@dataclass(frozen=True)
+class ScaledMatrix:
+    """`diag(rows) @ weight @ diag(columns)` for each matrix of a stack, computed only when written (`blocks`): a
+    few rows at a time into one reused buffer, so that the product is never held whole and each block is written
+    out while it is still in the CPU's cache (writing a product computed whole measured 3x slower).
+
+    `weight` is (..., out, in); `rows` (..., out) and `columns` (..., in) match its leading dimensions, or are None.
+    `shape` is the shape it presents: the weight's, or with row groups (see `scale_matrix`) the weight's before they
+    were split off."""
+
+    weight: torch.Tensor
+    rows: torch.Tensor | None
+    columns: torch.Tensor | None
+    shape: tuple[int, ...]
+    dtype = torch.float32
+
+    @classmethod
+    def of(cls, weight: "torch.Tensor | ScaledMatrix") -> "ScaledMatrix":
+        return weight if isinstance(weight, ScaledMatrix) else cls(weight, None, None, tuple(weight.shape))
+
+    def unflatten(self, dim: int, sizes: tuple[int, int]) -> "ScaledMatrix":
+        """Split the rows into groups (only `dim=-2`), as `Tensor.unflatten` does."""
+        if dim != -2 or sizes[0] <= 0:
+            raise ValueError("a ScaledMatrix only splits its rows (dim=-2) into a positive number of groups")
+        groups = sizes[0]
+        if self.weight.dim() > len(self.shape):  # grouped already: present the groups
+            if self.weight.shape[-3] != groups:
+                raise ValueError(f"rows grouped in {self.weight.shape[-3]}, asked for {groups} groups")
+            return replace(self, shape=tuple(self.weight.shape))
+        split = self.weight.unflatten(-2, (groups, -1))
+        rows = None if self.rows is None else self.rows.unflatten(-1, (groups, -1))
+        columns = None if self.columns is None else self.columns.unsqueeze(-2).expand(*split.shape[:-2], -1)
+        return ScaledMatrix(split, rows, columns, tuple(split.shape))
+
+    def __getitem__(self, index: int | tuple[int, ...]) -> "ScaledMatrix":
+        """One matrix (or sub-stack) of the stack: integer indices into the leading dimensions only."""
+        index = index if isinstance(index, tuple) else (index,)
+        if tuple(self.weight.shape) != self.shape or not all(isinstance(i, int) for i in index):
+            raise IndexError("a ScaledMatrix is indexed by integers into its stack dimensions only")
+        if len(index) > self.weight.dim() - 2:
+            raise IndexError(f"index {index} reaches into the matrices of a stack of shape {self.shape}")
+        pick = lambda t: None if t is None else t[index]  # noqa: E731
+        return ScaledMatrix(self.weight[index], pick(self.rows), pick(self.columns), tuple(self.weight[index].shape))
+
+    def scaled(self, rows: torch.Tensor | None, columns: torch.Tensor | None) -> "ScaledMatrix":
+        """This product scaled once more, by scales shaped as the weight is stored (row groups split)."""
+        return replace(
+            self,
+            rows=product(self.rows, None if rows is None else rows.float().expand(self.weight.shape[:-1])),
+            columns=product(
+                self.columns,
+                None if columns is None else columns.float().expand(*self.weight.shape[:-2], self.weight.shape[-1]),
+            ),
+        )
+
+    def blocks(self) -> Iterator[torch.Tensor]:
+        """The product in row-major order, as consecutive float32 blocks (views of one buffer, valid until the
+        next block is asked for)."""
+        columns_count = self.weight.shape[-1]
+        step = max(1, BLOCK_ELEMENTS // max(1, columns_count))
+        buffer = torch.empty(step, columns_count, dtype=torch.float32)
+        for index in itertools.product(*map(range, self.weight.shape[:-2])):  # each matrix: its own scales
+            weight, rows, columns = (None if t is None else t[index] for t in (self.weight, self.rows, self.columns))
+            for start in range(0, weight.shape[0], step):
+                block = buffer[: min(step, weight.shape[0] - start)]
+                if rows is None:
+                    block.copy_(weight[start : start + step])
+                else:
+                    torch.mul(weight[start : start + step], rows[start : start + step, None], out=block)
+                if columns is not None:
+                    block.mul_(columns)
+                yield block
+
+
 def scale_matrix(
-    weight: torch.Tensor, rows: torch.Tensor | None, columns: torch.Tensor | None, row_groups: int = 1
-) -> torch.Tensor:
-    """`diag(rows) @ weight @ diag(columns)` for a matrix (out, in) or stacked matrices (E, out, in), in float32;
-    the weight itself when there is nothing to apply. With `row_groups`, the rows are split into that many groups
-    first (the scales of the experts' gate_up_proj are (E, 2, I) and (E, 2, H))."""
+    weight: "torch.Tensor | ScaledMatrix", rows: torch.Tensor | None, columns: torch.Tensor | None, row_groups: int = 1
+) -> "torch.Tensor | ScaledMatrix":
+    """`diag(rows) @ weight @ diag(columns)` for a matrix (out, in) or stacked matrices (E, out, in), in float32, as
+    a `ScaledMatrix` (computed when written); the weight itself when there is nothing to apply. With `row_groups`,
+    the rows are split into that many groups first (the scales of the experts' gate_up_proj are (E, 2, I) and
+    (E, 2, H))."""
     if rows is None and columns is None:
         return weight
-    grouped = weight.unflatten(-2, (row_groups, -1)) if row_groups > 1 else weight
-    out = torch.empty(grouped.shape, dtype=torch.float32)
-    stack_shape = grouped.shape[:-2]
-    rows = None if rows is None else rows.expand(grouped.shape[:-1])
-    columns = None if columns is None else columns.expand(*stack_shape, grouped.shape[-1])
-    for index in itertools.product(*map(range, stack_shape)):  # each matrix of a stack: its own scales
-        _scale_rows_in_blocks(
-            grouped[index],
-            out[index],
-            None if rows is None else rows[index],
-            None if columns is None else columns[index],
-        )
-    return out.reshape(weight.shape)
-
-
-def _scale_rows_in_blocks(
-    weight: torch.Tensor, out: torch.Tensor, rows: torch.Tensor | None, columns: torch.Tensor | None
-) -> None:
-    # Blocks of rows small enough for the cache: the second multiplication reads what the first just wrote.
-    step = max(1, _BLOCK_ELEMENTS // weight.shape[-1])
-    for start in range(0, weight.shape[0], step):
-        block = slice(start, start + step)
-        if rows is None:
-            out[block].copy_(weight[block])
-        else:
-            torch.mul(weight[block], rows[block, None], out=out[block])
-        if columns is not None:
-            out[block].mul_(columns)
+    matrix = ScaledMatrix.of(weight)
+    grouped = matrix.unflatten(-2, (row_groups, -1)) if row_groups > 1 else matrix
+    return replace(grouped.scaled(rows, columns), shape=matrix.shape)
