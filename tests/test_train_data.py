@@ -164,6 +164,14 @@ def test_bad_local_datasets(dataset, message, tokenizer, tmp_path):
         build_datasets(DataArguments(dataset=str(tmp_path / dataset)), tokenizer, seed=0)
 
 
+@pytest.mark.parametrize("streaming", [False, True], ids=["in-memory", "streaming"])
+def test_documents_too_short_for_one_block_are_refused(streaming, tokenizer, tmp_path):
+    path = write_dataset(tmp_path, "jsonl", ["hi", "yo"])
+    arguments = DataArguments(dataset=str(path), seq_len=64, eval_every=0, streaming=streaming)
+    with pytest.raises(ValueError, match="no complete block of --seq-len 64 tokens"):
+        build_datasets(arguments, tokenizer, seed=0)
+
+
 # --- the embedded corpus and tokenizer -----------------------------------------------------------------------
 
 

@@ -121,14 +121,18 @@ def build_datasets(args: DataArguments, tokenizer: PreTrainedTokenizerBase, seed
         raise ValueError("the tokenizer has no eos_token: packing needs one between documents")
     train_docs = _split(documents, args.eval_every, held_out=False) if args.eval_every else documents
     train_tokens = _tokenize(train_docs, tokenizer, args.num_proc)
+    no_block = f"the dataset holds no complete block of --seq-len {args.seq_len} tokens"
     if args.streaming:
+        # Read the stream's start once: an empty stream would otherwise stop the Trainer with an unclear message.
+        if next(_blocks(train_tokens, args.seq_len, eos), None) is None:
+            raise ValueError(no_block)
         train = datasets.IterableDataset.from_generator(
             _blocks, gen_kwargs={"tokenized": train_tokens, "seq_len": args.seq_len, "eos_token_id": eos}
         ).shuffle(seed=seed, buffer_size=args.shuffle_buffer)
     else:
         train = _packed(train_tokens, args.seq_len, eos)
         if len(train) == 0:
-            raise ValueError(f"the dataset holds no complete block of --seq-len {args.seq_len} tokens")
+            raise ValueError(no_block)
     eval_set, bytes_per_token = None, None
     if args.eval_every:
         held_out = _split(documents, args.eval_every, held_out=True).take(args.max_eval_documents)
