@@ -102,19 +102,15 @@ class ScaledMatrix:
             raise IndexError("a ScaledMatrix is indexed by integers into its stack dimensions only")
         if len(index) > self.weight.dim() - 2:
             raise IndexError(f"index {index} reaches into the matrices of a stack of shape {self.shape}")
-        pick = lambda t: None if t is None else t[index]  # noqa: E731
-        return ScaledMatrix(self.weight[index], pick(self.rows), pick(self.columns), tuple(self.weight[index].shape))
+        weight = self.weight[index]
+        return ScaledMatrix(weight, _pick(self.rows, index), _pick(self.columns, index), tuple(weight.shape))
 
     def scaled(self, rows: torch.Tensor | None, columns: torch.Tensor | None) -> "ScaledMatrix":
         """This product scaled once more, by scales shaped as the weight is stored (row groups split)."""
-        return replace(
-            self,
-            rows=product(self.rows, None if rows is None else rows.float().expand(self.weight.shape[:-1])),
-            columns=product(
-                self.columns,
-                None if columns is None else columns.float().expand(*self.weight.shape[:-2], self.weight.shape[-1]),
-            ),
-        )
+        rows_shape, columns_shape = self.weight.shape[:-1], (*self.weight.shape[:-2], self.weight.shape[-1])
+        rows = None if rows is None else rows.float().expand(rows_shape)
+        columns = None if columns is None else columns.float().expand(columns_shape)
+        return replace(self, rows=product(self.rows, rows), columns=product(self.columns, columns))
 
     def blocks(self) -> Iterator[torch.Tensor]:
         """The product in row-major order, as consecutive float32 blocks (views of one buffer, valid until the
@@ -123,7 +119,7 @@ class ScaledMatrix:
         step = max(1, BLOCK_ELEMENTS // max(1, columns_count))
         buffer = torch.empty(step, columns_count, dtype=torch.float32)
         for index in itertools.product(*map(range, self.weight.shape[:-2])):  # each matrix: its own scales
-            weight, rows, columns = (None if t is None else t[index] for t in (self.weight, self.rows, self.columns))
+            weight, rows, columns = (_pick(t, index) for t in (self.weight, self.rows, self.columns))
             for start in range(0, weight.shape[0], step):
                 block = buffer[: min(step, weight.shape[0] - start)]
                 if rows is None:
@@ -133,6 +129,10 @@ class ScaledMatrix:
                 if columns is not None:
                     block.mul_(columns)
                 yield block
+
+
+def _pick(tensor: torch.Tensor | None, index: tuple[int, ...]) -> torch.Tensor | None:
+    return None if tensor is None else tensor[index]
 
 
 def scale_matrix(
