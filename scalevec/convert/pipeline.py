@@ -81,7 +81,7 @@ def meta_state(config: ScaleVecConfig) -> tuple[Tensors, dict[str, list[str]]]:
     return dict(state), {role: list(names) for role, names in roles.items()}
 
 
-@functools.lru_cache(maxsize=4)  # a conversion, its verification and its model card ask for the same layouts
+@functools.lru_cache(maxsize=4)  # a conversion and its model card ask for the same layouts
 def _meta_state(config_json: str) -> tuple[Tensors, dict[str, list[str]]]:
     with torch.device("meta"):
         model = ScaleVecForCausalLM(ScaleVecConfig.from_dict(json.loads(config_json)))  # built from a copy
