@@ -6,7 +6,7 @@ shards) to `llama`, against a plain copy of the same files.
 Each conversion runs in a fresh child process (what `scalevec-convert` does), which reports its RSS before
 converting and its peak RSS while converting (Linux: VmHWM, reset after the imports); the copy is
 `shutil.copyfile` of every file of the source. Copies and conversions take turns; the figures are medians.
-Verification (which loads both models whole) is timed once, separately: it is the one step that is not streamed.
+Verification (both models run on fixed tokens, one unit's weights at a time) is timed once, separately.
 """
 
 import argparse
@@ -142,7 +142,7 @@ def report(config: ScaleVecConfig, source: Path, copies: list[float], conversion
             f"(target <= 2); {baseline / mib:.0f} MiB of it were there before converting (Python, torch, "
             f"transformers), so the conversion adds {(peak - baseline) / mib:.0f} MiB = "
             f"{(peak - baseline) / largest:.2f} x; whole-process peak incl. imports {lifetime / mib:.0f} MiB",
-            f"- with verification (loads both models whole, fp32): {verified['seconds']:.2f} s, peak RSS "
+            f"- with verification (both models run in fp32, streamed): {verified['seconds']:.2f} s, peak RSS "
             f"{verified['peak_rss'] / mib:.0f} MiB = {verified['peak_rss'] / largest:.2f} x the largest shard",
         ]
     )

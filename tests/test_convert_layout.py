@@ -1,5 +1,6 @@
 """Output layout: sharded sources and outputs, `.bin` sources, output dtypes, the files copied through, the
-streaming writer against safetensors itself, and loading through a Hub cache snapshot by repo id."""
+streaming writer against safetensors itself, streamed verification, and loading through a Hub cache snapshot by
+repo id."""
 
 import json
 import os
@@ -15,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from scalevec import ScaleVecForCausalLM
-from scalevec.convert import OutputOptions, export_checkpoint, fold_checkpoint
+from scalevec.convert import OutputOptions, export_checkpoint, fold_checkpoint, verify
 from scalevec.convert.cli import main
 from scalevec.convert.writer import ShardedWriter
 
@@ -218,3 +219,39 @@ def test_the_scalevec_export_loads_by_repo_id_from_a_hub_cache_offline(tmp_path)
     )
     actual = load_file(tmp_path / "logits.safetensors")["logits"]
     torch.testing.assert_close(actual, logits(model, ids), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "target, moe, tied",
+    [("scalevec", False, True), ("llama", False, False), ("qwen3_moe", True, True), ("mixtral", True, False)],
+)
+def test_verification_streams_one_unit_at_a_time_and_computes_what_the_whole_model_does(
+    tmp_path, monkeypatch, target, moe, tied
+):
+    """Verification runs each checkpoint through its own class with one unit's weights in memory at a time; its
+    logits are exactly those of the model loaded whole with `from_pretrained`, for the source and the export."""
+    config = (tiny_moe_config if moe else tiny_config)(tie_word_embeddings=tied, qk_norm=target == "qwen3_moe")
+    saved_scalevec(tmp_path / "src", config)
+    export_checkpoint(tmp_path / "src", tmp_path / "out", target, OutputOptions(max_shard_size="20KB", verify=False))
+    live, most_live = set(), []
+    load, drop = verify._UnitLoader.load, verify._UnitLoader.drop
+
+    def tracked_load(self, unit):
+        live.add(unit)
+        most_live.append(len(live))
+        load(self, unit)
+
+    def tracked_drop(self, unit):
+        live.discard(unit)
+        drop(self, unit)
+
+    monkeypatch.setattr(verify._UnitLoader, "load", tracked_load)
+    monkeypatch.setattr(verify._UnitLoader, "drop", tracked_drop)
+    tokens = verify.random_tokens(config.vocab_size)
+    for path in (tmp_path / "src", tmp_path / "out"):
+        whole = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+        with torch.no_grad():
+            expected = whole(tokens).logits
+        most_live.clear()
+        torch.testing.assert_close(verify.streamed_logits(path, tokens), expected, rtol=0, atol=0)
+        assert len(most_live) == config.num_hidden_layers + 2 and max(most_live) == 1 and not live

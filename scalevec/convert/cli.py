@@ -33,7 +33,7 @@ from .verify import compare_checkpoints
 
 VERIFY_HELP = (
     "after writing, run the source and the output on fixed random tokens (float32) and fail if the logits differ "
-    "by more than the bound; both models are loaded whole for this"
+    "by more than the bound; each model runs with one layer's weights in memory at a time"
 )
 
 

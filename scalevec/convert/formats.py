@@ -11,7 +11,8 @@ import torch
 from transformers import LlamaConfig, MixtralConfig, PreTrainedConfig, Qwen3Config, Qwen3MoeConfig
 
 from ..configuration_scalevec import ScaleVecConfig
-from .errors import ConversionError
+from .checkpoint import Checkpoint
+from .errors import CheckpointError, ConversionError
 from .units import add_prefix, layer_index, strip_prefix
 
 Tensors = dict[str, torch.Tensor]
@@ -273,6 +274,18 @@ def _stack_experts(tensors: Tensors, keys: ExpertKeys, config: ScaleVecConfig) -
     remaining["mlp.experts.gate_up_proj"] = torch.stack(gate_up)
     remaining["mlp.experts.down_proj"] = torch.stack(down)
     return remaining
+
+
+def scalevec_view(checkpoint: Checkpoint, fmt: Format) -> ScaleVecConfig:
+    """The ScaleVec config of a checkpoint of any supported format (stock ones in their folded form)."""
+    try:
+        if isinstance(fmt, StockFormat):
+            return fmt.scalevec_config(fmt.config_class.from_dict(checkpoint.config))
+        return ScaleVecConfig.from_dict(checkpoint.config)
+    except (ValueError, TypeError) as error:  # the strict config's validation errors are ValueErrors
+        raise CheckpointError(
+            f"{checkpoint.path / 'config.json'} is not a valid {fmt.name} config: {error}"
+        ) from error
 
 
 FORMATS: dict[str, Format] = {

@@ -18,10 +18,10 @@ from transformers.utils.hub import convert_file_size_to_int
 from ..configuration_scalevec import SCALE_PRESETS, ScaleVecConfig
 from ..modeling_scalevec import ScaleVecForCausalLM
 from .checkpoint import Checkpoint, TensorInfo
-from .errors import CheckpointError, TargetError, VerificationError
+from .errors import TargetError, VerificationError
 from .files import copy_side_files, write_config, write_remote_code
 from .fold import fold_unit
-from .formats import FORMATS, Format, StockFormat, format_of
+from .formats import FORMATS, Format, StockFormat, format_of, scalevec_view
 from .layout import EMBEDDINGS, LM_HEAD
 from .place import place_unit
 from .staging import StagedFolder, check_destination
@@ -100,18 +100,6 @@ def _by_unit(state: Tensors, config: ScaleVecConfig) -> dict[str, Tensors]:
 
 def _on_disk(fmt: Format, config: ScaleVecConfig, units: dict[str, Tensors]) -> dict[str, Tensors]:
     return {unit: fmt.to_disk(unit, tensors, config) for unit, tensors in units.items()}
-
-
-def scalevec_view(checkpoint: Checkpoint, fmt: Format) -> ScaleVecConfig:
-    """The ScaleVec config of a checkpoint of any supported format (stock ones in their folded form)."""
-    try:
-        if isinstance(fmt, StockFormat):
-            return fmt.scalevec_config(fmt.config_class.from_dict(checkpoint.config))
-        return ScaleVecConfig.from_dict(checkpoint.config)
-    except (ValueError, TypeError) as error:  # the strict config's validation errors are ValueErrors
-        raise CheckpointError(
-            f"{checkpoint.path / 'config.json'} is not a valid {fmt.name} config: {error}"
-        ) from error
 
 
 def folded_config(config: ScaleVecConfig) -> ScaleVecConfig:

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from .checkpoint import Checkpoint
-from .formats import format_of
-from .pipeline import meta_state, scalevec_view
+from .formats import format_of, scalevec_view
+from .pipeline import meta_state
 from .scales import pop_vector
 
 ARCHITECTURE_FIELDS = (

@@ -1,17 +1,21 @@
-"""Comparing what two checkpoints compute: both run in float32 on the same fixed random tokens.
-
-Both models are loaded whole (this is the one step of a conversion that is not streamed): verifying a large
-checkpoint needs memory for both models in float32. `--no-verify` skips it.
+"""Comparing what two checkpoints compute: both run in float32 on the same fixed random tokens, each through its own
+transformers class (the stock one for a stock format), streamed: the model is built on the meta device and each
+unit's weights (the embeddings, a decoder layer, the head) are read from the files just before the unit runs and
+dropped after it, so verifying needs memory for one unit, not for the model.
 """
 
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from ..configuration_scalevec import ScaleVecConfig
 from .checkpoint import Checkpoint
-from .errors import ConversionError
+from .errors import CheckpointError, ConversionError
+from .formats import Format, format_of, scalevec_view
+from .layout import EMBEDDINGS, LM_HEAD
+from .units import EMBED, HEAD, group_by_unit, layer_unit
 
 FP32_ATOL = 1e-4
 # Half-precision weights: each one is off by up to eps/2, so logits move by a few eps relative to their size.
@@ -37,9 +41,59 @@ class Comparison:
         )
 
 
-def load_model(path: str | Path) -> torch.nn.Module:
-    """Any supported checkpoint (ScaleVec or stock), in float32, for inference."""
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+def streamed_logits(path: str | Path, tokens: torch.Tensor) -> torch.Tensor:
+    """The float32 logits of the checkpoint at `path` for `tokens`, holding one unit's weights at a time."""
+    checkpoint = Checkpoint(path)
+    fmt = format_of(checkpoint.model_type)
+    view = scalevec_view(checkpoint, fmt)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), attn_implementation="eager")
+    model = model.float().eval()
+    base = model.model
+    base.rotary_emb = type(base.rotary_emb)(config=model.config)  # computed buffers, not stored weights
+    modules = {
+        EMBED: [base.embed_tokens],
+        **{layer_unit(i): [layer] for i, layer in enumerate(base.layers)},
+        HEAD: [base.norm, model.lm_head],
+    }
+    loader = _UnitLoader(checkpoint, fmt, view, modules, {module: name for name, module in model.named_modules()})
+    handles = []
+    for unit, unit_modules in modules.items():
+        handles.append(unit_modules[0].register_forward_pre_hook(lambda _m, _a, unit=unit: loader.load(unit)))
+        handles.append(unit_modules[-1].register_forward_hook(lambda _m, _a, _o, unit=unit: loader.drop(unit)))
+    try:
+        with torch.no_grad():
+            return model(tokens, use_cache=False).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@dataclass
+class _UnitLoader:
+    checkpoint: Checkpoint
+    fmt: Format
+    config: ScaleVecConfig
+    modules: dict[str, list[torch.nn.Module]]
+    names: dict[torch.nn.Module, str]
+
+    def load(self, unit: str) -> None:
+        keys = group_by_unit(self.checkpoint.tensors, self.config.num_hidden_layers).get(unit, [])
+        tied = unit == HEAD and LM_HEAD not in self.checkpoint.tensors
+        tensors = self.fmt.from_disk(unit, self.checkpoint.read(keys + [EMBEDDINGS] * tied), self.config)
+        if tied:  # the LM head is the embedding matrix
+            tensors[LM_HEAD] = tensors.pop(EMBEDDINGS)
+        for module in self.modules[unit]:
+            prefix = self.names[module] + "."
+            own = {key.removeprefix(prefix): t.float() for key, t in tensors.items() if key.startswith(prefix)}
+            try:
+                module.load_state_dict(own, assign=True)
+            except RuntimeError as error:
+                raise CheckpointError(f"{self.checkpoint.path}: {unit} does not match its config: {error}") from error
+
+    def drop(self, unit: str) -> None:
+        for module in self.modules[unit]:
+            module.to_empty(device="meta")
 
 
 def random_tokens(vocab_size: int, batch: int = 2, length: int = 16, seed: int = 0) -> torch.Tensor:
@@ -72,11 +126,8 @@ def compare_checkpoints(
     dtype = max((weight_dtype(checkpoint) for checkpoint in checkpoints), key=lambda d: torch.finfo(d).eps)
     if tokens is None:
         tokens = random_tokens(vocab_sizes.pop())
-    reference_model = load_model(reference)
-    with torch.no_grad():
-        expected = reference_model(tokens).logits
-        del reference_model
-        actual = load_model(candidate)(tokens).logits
+    expected = streamed_logits(reference, tokens)
+    actual = streamed_logits(candidate, tokens)
     difference = (actual - expected).abs().max().item()
     bound = logit_bound(dtype, expected) if atol is None else atol
     return Comparison(difference, difference / max(expected.abs().max().item(), 1e-30), bound, dtype)
