@@ -56,7 +56,10 @@ def streamed_logits(path: str | Path, tokens: torch.Tensor) -> torch.Tensor:
         **{layer_unit(i): [layer] for i, layer in enumerate(base.layers)},
         HEAD: [base.norm, model.lm_head],
     }
-    loader = _UnitLoader(checkpoint, fmt, view, modules, {module: name for name, module in model.named_modules()})
+    keys = group_by_unit(checkpoint.tensors, view.num_hidden_layers)
+    loader = _UnitLoader(
+        checkpoint, fmt, view, keys, modules, {module: name for name, module in model.named_modules()}
+    )
     handles = []
     for unit, unit_modules in modules.items():
         handles.append(unit_modules[0].register_forward_pre_hook(lambda _m, _a, unit=unit: loader.load(unit)))
@@ -74,12 +77,13 @@ class _UnitLoader:
     checkpoint: Checkpoint
     fmt: Format
     config: ScaleVecConfig
+    keys: dict[str, list[str]]  # the checkpoint's tensor names by unit
     modules: dict[str, list[torch.nn.Module]]
     names: dict[torch.nn.Module, str]
 
     def load(self, unit: str) -> None:
-        keys = group_by_unit(self.checkpoint.tensors, self.config.num_hidden_layers).get(unit, [])
-        tied = unit == HEAD and LM_HEAD not in self.checkpoint.tensors
+        tied = unit == HEAD and self.config.tie_word_embeddings  # as `from_pretrained`: a stored head is ignored
+        keys = [key for key in self.keys.get(unit, []) if not (tied and key == LM_HEAD)]
         tensors = self.fmt.from_disk(unit, self.checkpoint.read(keys + [EMBEDDINGS] * tied), self.config)
         if tied:  # the LM head is the embedding matrix
             tensors[LM_HEAD] = tensors.pop(EMBEDDINGS)
