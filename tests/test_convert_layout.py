@@ -255,3 +255,16 @@ def test_verification_streams_one_unit_at_a_time_and_computes_what_the_whole_mod
         most_live.clear()
         torch.testing.assert_close(verify.streamed_logits(path, tokens), expected, rtol=0, atol=0)
         assert len(most_live) == config.num_hidden_layers + 2 and max(most_live) == 1 and not live
+
+
+def test_verification_uses_a_stored_head_beside_tied_embeddings_as_from_pretrained_does(tmp_path):
+    """transformers unties a head that a tied checkpoint stores anyway (with a warning); verification runs the same."""
+    model = saved_scalevec(tmp_path / "src", tiny_config(tie_word_embeddings=True))
+    weights = tmp_path / "src" / "model.safetensors"
+    state = load_file(weights)
+    save_file({**state, "lm_head.weight": torch.randn_like(state["model.embed_tokens.weight"])}, weights)
+    tokens = verify.random_tokens(model.config.vocab_size)
+    whole = AutoModelForCausalLM.from_pretrained(tmp_path / "src", dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        expected = whole.eval()(tokens).logits
+    torch.testing.assert_close(verify.streamed_logits(tmp_path / "src", tokens), expected, rtol=0, atol=0)

@@ -82,9 +82,10 @@ class _UnitLoader:
     names: dict[torch.nn.Module, str]
 
     def load(self, unit: str) -> None:
-        tied = unit == HEAD and self.config.tie_word_embeddings  # as `from_pretrained`: a stored head is ignored
-        keys = [key for key in self.keys.get(unit, []) if not (tied and key == LM_HEAD)]
-        tensors = self.fmt.from_disk(unit, self.checkpoint.read(keys + [EMBEDDINGS] * tied), self.config)
+        # As `from_pretrained`: a head stored beside tied embeddings is used (transformers then unties them).
+        tied = unit == HEAD and LM_HEAD not in self.checkpoint.tensors
+        keys = self.keys.get(unit, []) + [EMBEDDINGS] * tied
+        tensors = self.fmt.from_disk(unit, self.checkpoint.read(keys), self.config)
         if tied:  # the LM head is the embedding matrix
             tensors[LM_HEAD] = tensors.pop(EMBEDDINGS)
         for module in self.modules[unit]:
