@@ -75,7 +75,6 @@ class ScaledMatrix:
     rows: torch.Tensor | None
     columns: torch.Tensor | None
     shape: tuple[int, ...]
-    dtype = torch.float32
 
     @classmethod
     def of(cls, weight: "torch.Tensor | ScaledMatrix") -> "ScaledMatrix":
