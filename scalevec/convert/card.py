@@ -230,8 +230,8 @@ def _published_format(folder: Path, export_target: str) -> str:
 def _model_parameters(config: ScaleVecConfig) -> tuple[int, int]:
     """(all parameters, scale-vector parameters), counted on the meta device: no memory, any model size."""
     state, roles = meta_state(config)
-    scales = set(roles["input"] + roles["output"])
-    return sum(t.numel() for t in state.values()), sum(t.numel() for name, t in state.items() if name in scales)
+    scales = sum(state[name].numel() for names in roles.values() for name in names)  # each name in one role
+    return sum(t.numel() for t in state.values()), scales
 
 
 def _checkpoint_parameters(folder: Path) -> int | None:
