@@ -3,6 +3,7 @@ import of stock checkpoints, verification and inspection. The `scalevec-convert`
 
 from .errors import CheckpointError, ConversionError, TargetError, VerificationError
 from .formats import TARGETS
+from .inspection import format_summary, inspect_checkpoint
 from .pipeline import (
     BeforeCommit,
     ConversionResult,
@@ -13,7 +14,6 @@ from .pipeline import (
     folded_config,
     import_checkpoint,
 )
-from .summary import format_summary, inspect_checkpoint
 from .verify import Comparison, compare_checkpoints
 
 __all__ = [

@@ -18,6 +18,7 @@ from ..configuration_scalevec import LINEAR_SCALES, NORM_SCALES, SCALE_PARAMS, S
 from .card import card_writer
 from .errors import ConversionError
 from .formats import TARGETS
+from .inspection import format_summary, inspect_checkpoint
 from .pipeline import (
     DEFAULT_MAX_SHARD_SIZE,
     OUTPUT_DTYPES,
@@ -28,7 +29,6 @@ from .pipeline import (
     import_checkpoint,
 )
 from .push import PushError, add_push_arguments, push_folder, run_push
-from .summary import format_summary, inspect_checkpoint
 from .verify import compare_checkpoints
 
 VERIFY_HELP = (

@@ -19,11 +19,11 @@ from ..configuration_scalevec import SCALE_PRESETS, ScaleVecConfig
 from ..modeling_scalevec import ScaleVecForCausalLM
 from .checkpoint import Checkpoint, TensorInfo
 from .errors import TargetError, VerificationError
-from .files import copy_side_files, write_config, write_remote_code
 from .fold import fold_unit
 from .formats import FORMATS, Format, StockFormat, format_of, scalevec_view
 from .layout import EMBEDDINGS, LM_HEAD
 from .place import place_unit
+from .side_files import copy_side_files, write_config, write_remote_code
 from .staging import StagedFolder, check_destination
 from .units import group_by_unit
 from .verify import Comparison, compare_checkpoints
