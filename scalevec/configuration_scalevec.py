@@ -12,6 +12,8 @@ from transformers.modeling_rope_utils import RopeParameters
 NORM_SCALES = ("none", "shared", "branch")
 LINEAR_SCALES = ("none", "in", "out", "both")
 SCALE_PARAMS = ("direct", "magdir")
+# The strategy fields that a preset sets, with their allowed values; callers iterate this rather than spell them.
+SCALE_FIELDS = {"norm_scale": NORM_SCALES, "linear_scale": LINEAR_SCALES, "scale_param": SCALE_PARAMS}
 SCALE_PRESETS = {
     "none": {"norm_scale": "none", "linear_scale": "none", "scale_param": "direct"},
     "standard": {"norm_scale": "shared", "linear_scale": "none", "scale_param": "direct"},
@@ -117,9 +119,8 @@ class ScaleVecConfig(PreTrainedConfig):
         for field, value in SCALE_PRESETS[self.scale_preset].items():
             if getattr(self, field) is None:
                 setattr(self, field, value)
-        _check_choice("norm_scale", self.norm_scale, NORM_SCALES)
-        _check_choice("linear_scale", self.linear_scale, LINEAR_SCALES)
-        _check_choice("scale_param", self.scale_param, SCALE_PARAMS)
+        for field, allowed in SCALE_FIELDS.items():
+            _check_choice(field, getattr(self, field), allowed)
         if self.folded and (
             self.norm_scale == "branch" or self.linear_scale != "none" or self.scale_param != "direct"
         ):

@@ -5,47 +5,35 @@ Every number on the card comes from the config, the checkpoint's own files or th
 left out, so a checkpoint without records gets a short, honest card rather than invented figures.
 """
 
-import json
+import contextlib
 import math
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from safetensors import safe_open
 
 from ..atomic import write_text_atomically
-from ..configuration_scalevec import SCALE_PRESETS, ScaleVecConfig
-from .pipeline import BeforeCommit, ConversionResult, meta_state
+from ..configuration_scalevec import SCALE_FIELDS, SCALE_PRESETS, ScaleVecConfig
+from ..run_records import RUN_PICTURE, RunRecords, logged_entries, read_json, read_run_records
+from .checkpoint import Checkpoint
+from .errors import CheckpointError
+from .meta_model import num_parameters, scale_parameters
+from .pipeline import BeforeCommit, ConversionResult
 
 TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
-STRATEGY_FIELDS = ("norm_scale", "linear_scale", "scale_param")
-RUN_PICTURE = "scale_vectors.png"  # the loss / scale-statistics figure `scalevec-train` writes into its output folder
-# Eval keys that describe the evaluation run rather than the model.
-EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
 TRAINING_ARGUMENTS = {  # training_args.json field -> card label
     "optim": "optimizer",
     "learning_rate": "peak learning rate",
     "weight_decay": "weight decay",
     "lr_scheduler_type": "schedule",
     "lr_scheduler_kwargs": "schedule arguments",
-    "warmup_steps": "warmup steps",
-    "warmup_ratio": "warmup ratio",
+    "warmup_steps": "warmup",
+    "warmup_ratio": "warmup ratio",  # transformers < 5 only
     "per_device_train_batch_size": "batch size per device",
     "gradient_accumulation_steps": "gradient accumulation steps",
     "seed": "seed",
 }
-
-
-@dataclass
-class RunRecords:
-    """What a training run recorded about itself; empty when nothing was found."""
-
-    state: dict | None = None  # trainer_state.json
-    eval_metrics: dict[str, float] = field(default_factory=dict)  # final "eval_*" values
-    training_args: dict | None = None  # training_args.json
-    sources: list[str] = field(default_factory=list)  # the files read, relative to the run folder
 
 
 def write_model_card(
@@ -69,7 +57,7 @@ def write_model_card(
     names the model unless `model_name` does (default: the folder's name); `picture` is copied into `folder` and
     shown on the card."""
     folder = Path(folder)
-    records = read_run_records(Path(run_dir)) if run_dir is not None else RunRecords()
+    records = read_run_records(run_dir) if run_dir is not None else RunRecords()
     model_name = model_name or repo_id or folder.name
     eval_results = _eval_results(records.eval_metrics, datasets)
     card_data = ModelCardData(
@@ -145,7 +133,7 @@ def folding_summary(result: ConversionResult) -> str:
 
 def _strategy_name(config: ScaleVecConfig) -> str:
     """The preset whose three fields the config has, or "custom" when explicit fields override the preset."""
-    fields = {name: getattr(config, name) for name in STRATEGY_FIELDS}
+    fields = {name: getattr(config, name) for name in SCALE_FIELDS}
     return next((name for name, preset in SCALE_PRESETS.items() if preset == fields), "custom")
 
 
@@ -175,8 +163,8 @@ def _architecture_rows(config: ScaleVecConfig, folder: Path, export_target: str)
         ("published format", _published_format(folder, export_target)),
         ("scale strategy", f"{_strategy_name(config)} (`scale_preset={config.scale_preset}`)"),
         (
-            "`norm_scale` / `linear_scale` / `scale_param`",
-            f"{config.norm_scale} / {config.linear_scale} / {config.scale_param}",
+            " / ".join(f"`{name}`" for name in SCALE_FIELDS),
+            " / ".join(str(getattr(config, name)) for name in SCALE_FIELDS),
         ),
         ("`output_norm` / `qk_norm`", f"{config.output_norm} / {config.qk_norm}"),
         ("layers", str(config.num_hidden_layers)),
@@ -207,107 +195,34 @@ def _moe_rows(config: ScaleVecConfig) -> list[tuple[str, str]]:
 
 
 def _parameter_rows(config: ScaleVecConfig, folder: Path) -> list[tuple[str, str]]:
-    total, scales = _model_parameters(config)
+    total, scales = num_parameters(config), sum(scale_parameters(config).values())
     rows = [
         (
             "parameters of the ScaleVec model",
             f"{total:,}, {scales:,} of them in scale vectors ({100 * scales / total:.3f} %)",
         )
     ]
-    stored = _checkpoint_parameters(folder)
-    if stored is not None:
-        rows.append(("parameters stored in this checkpoint", f"{stored:,}"))
+    with contextlib.suppress(CheckpointError):  # a folder without readable weights: the card does not guess
+        rows.append(("parameters stored in this checkpoint", f"{Checkpoint(folder).num_values:,}"))
     return rows
 
 
 def _published_format(folder: Path, export_target: str) -> str:
     if export_target != "scalevec":
         return f"`{export_target}` (stock transformers class)"
-    folded = (_read_json(folder / "config.json") or {}).get("folded")
+    folded = (read_json(folder / "config.json") or {}).get("folded")
     return "ScaleVec (remote code), " + ("folded: inference form" if folded else "scales not folded: training form")
-
-
-def _model_parameters(config: ScaleVecConfig) -> tuple[int, int]:
-    """(all parameters, scale-vector parameters), counted on the meta device: no memory, any model size."""
-    state, roles = meta_state(config)
-    scales = sum(state[name].numel() for names in roles.values() for name in names)  # each name in one role
-    return sum(t.numel() for t in state.values()), scales
-
-
-def _checkpoint_parameters(folder: Path) -> int | None:
-    """The number of values in the folder's safetensors files, read from their headers."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        return None
-    total = 0
-    for file in files:
-        with safe_open(file, "pt") as tensors:
-            names = tensors.keys()  # a safe_open handle cannot be iterated itself
-            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in names)
-    return total
-
-
-def read_run_records(run_dir: Path) -> RunRecords:
-    """Read what a Trainer run folder recorded: `trainer_state.json` (the run's or its latest checkpoint's),
-    the final eval metrics (`eval_results.json`, `all_results.json`, else the last eval in the log history)
-    and `training_args.json`. Missing or unreadable files are skipped."""
-    records = RunRecords()
-    state_file = _trainer_state_file(run_dir)
-    if state_file is not None and (state := _read_json(state_file)) is not None:
-        records.state = state
-        records.sources.append(state_file.relative_to(run_dir).as_posix())
-    for name in ("eval_results.json", "all_results.json"):
-        metrics = _eval_metrics(_read_json(run_dir / name) or {})
-        if metrics:
-            records.eval_metrics = metrics
-            records.sources.append(name)
-            break
-    else:
-        evaluations = [entry for entry in (records.state or {}).get("log_history", []) if "eval_loss" in entry]
-        records.eval_metrics = _eval_metrics(evaluations[-1]) if evaluations else {}
-    if (arguments := _read_json(run_dir / "training_args.json")) is not None:
-        records.training_args = arguments
-        records.sources.append("training_args.json")
-    return records
-
-
-def _trainer_state_file(run_dir: Path) -> Path | None:
-    """`trainer_state.json` of the run, or of its latest `checkpoint-<step>` when the final one was not saved."""
-    if (run_dir / "trainer_state.json").is_file():
-        return run_dir / "trainer_state.json"
-    checkpoints = [p for p in run_dir.glob("checkpoint-*/trainer_state.json") if p.parent.name[11:].isdigit()]
-    return max(checkpoints, key=lambda p: int(p.parent.name[11:]), default=None)
-
-
-def _read_json(file: Path) -> dict | None:
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # missing or unreadable: the card leaves out what it would have said
-    return data if isinstance(data, dict) else None
-
-
-def _eval_metrics(record: dict) -> dict[str, float]:
-    return {
-        key: float(value)
-        for key, value in record.items()
-        if key.startswith("eval_")
-        and key not in EVAL_BOOKKEEPING
-        and isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-    }
 
 
 def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
     state = records.state or {}
-    history = state.get("log_history", [])
+    history = records.log_history
     rows = []
     if "global_step" in state:
         rows.append(("optimizer steps", f"{state['global_step']:,}"))
     if state.get("num_input_tokens_seen"):
         rows.append(("tokens seen", f"{state['num_input_tokens_seen']:,}"))
-    if losses := [entry for entry in history if "loss" in entry]:
+    if losses := logged_entries(history, "loss"):
         rows.append(("final training loss", f"{losses[-1]['loss']:.4f} (logged at step {losses[-1].get('step')})"))
     if summary := next((entry for entry in reversed(history) if "train_loss" in entry), None):
         rows.append(("mean training loss over the run", f"{summary['train_loss']:.4f}"))
@@ -318,8 +233,17 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
     for key, label in TRAINING_ARGUMENTS.items():
         value = (records.training_args or {}).get(key)
         if value not in (None, "", {}):
-            rows.append((label, f"`{value}`"))
+            rows.append((label, _warmup(value, state.get("max_steps")) if key == "warmup_steps" else f"`{value}`"))
     return rows
+
+
+def _warmup(steps: float, total_steps: int | None) -> str:
+    """`warmup_steps` as transformers reads it: a number of steps, or below 1 a fraction of all steps."""
+    if steps >= 1 or steps <= 0:
+        return f"{int(steps):,} steps"
+    if not total_steps:
+        return f"{100 * steps:g} % of the optimizer steps"
+    return f"{math.ceil(total_steps * steps):,} steps ({100 * steps:g} % of the {total_steps:,} optimizer steps)"
 
 
 def _duration(seconds: float) -> str:
@@ -355,7 +279,7 @@ def _loading(folder: Path, export_target: str, repo: str) -> tuple[str, str]:
             "runs that code."
         )
     else:
-        architectures = (_read_json(folder / "config.json") or {}).get("architectures") or ["AutoModelForCausalLM"]
+        architectures = (read_json(folder / "config.json") or {}).get("architectures") or ["AutoModelForCausalLM"]
         model_class, extra = architectures[0], ""
         note = (
             f"A standard `{export_target}` checkpoint: the stock `transformers` class loads it, with no custom code."

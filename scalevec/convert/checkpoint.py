@@ -4,11 +4,14 @@ or tensor at fault. Tensors are read a few at a time and each file is closed aga
 what the converter is working on, never the whole model."""
 
 import json
+import math
+import pickle
 import struct
+import zipfile
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -30,6 +33,7 @@ SAFETENSORS_DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+FINITE_CHECK_ELEMENTS = 1 << 20  # values checked at once: a bounded temporary, whatever the tensor's size
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,11 @@ class Checkpoint:
         if "model_type" not in self.config:
             raise CheckpointError(f"{self.path / 'config.json'} has no model_type")
         return self.config["model_type"]
+
+    @property
+    def num_values(self) -> int:
+        """The number of values its tensors hold, from the files' headers."""
+        return sum(math.prod(info.shape) for info in self.tensors.values())
 
     @property
     def weight_files(self) -> list[Path]:
@@ -116,6 +125,10 @@ def _tensors_of_index(index_file: Path) -> dict[str, TensorInfo]:
         raise CheckpointError(f"{index_file} has no weight_map")
     tensors: dict[str, TensorInfo] = {}
     for file_name in sorted(set(weight_map.values())):
+        if not _inside_folder(file_name):
+            raise CheckpointError(
+                f"{index_file} places tensors in {file_name!r}, outside the checkpoint folder; refused"
+            )
         file = index_file.parent / file_name
         if not file.is_file():
             raise CheckpointError(f"shard {file} listed in {index_file.name} does not exist")
@@ -155,14 +168,28 @@ def _data_offsets(file: Path) -> dict[str, int]:
     return {name: 8 + length + entry["data_offsets"][0] for name, entry in header.items() if name != "__metadata__"}
 
 
+def _inside_folder(file_name: str) -> bool:
+    """Whether an index's file name stays inside the checkpoint folder. Decided on the name alone: the files of a
+    Hub cache snapshot are links into the cache, which resolving them would refuse."""
+    path = PurePosixPath(file_name)
+    return not path.is_absolute() and ".." not in path.parts
+
+
 def _load_bin(file: Path) -> dict[str, torch.Tensor]:
-    """A `.bin` state dict, memory-mapped (so nothing is read until used); never unpickles arbitrary objects."""
+    """A `.bin` state dict; never unpickles anything but tensors. The zip format of `torch.save` is memory-mapped
+    (nothing is read until used); the legacy format, which cannot be, is read whole."""
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for broken files
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+    except pickle.UnpicklingError as error:
+        if "Weights only load failed" not in str(error):  # torch's words for a pickle it refuses to run
+            raise _unreadable_bin(file, error) from error
         raise CheckpointError(
-            f"{file} is not a readable PyTorch state dict (truncated or corrupted?): {error}"
+            f"{file} is a pickle that safe loading (torch.load with weights_only=True) refuses: it is not a "
+            "`torch.save` file of tensors alone, and unpickling it could run arbitrary code, so it was not loaded. "
+            "If you trust its origin, load it yourself and save the weights as safetensors"
         ) from error
+    except Exception as error:  # torch raises RuntimeError, EOFError, ... for broken files
+        raise _unreadable_bin(file, error) from error
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise CheckpointError(f"{file} does not hold a flat state dict of tensors")
     return state
@@ -177,3 +204,19 @@ def _read_from(file: Path, names: list[str]) -> dict[str, torch.Tensor]:
             return {name: handle.get_tensor(name) for name in names}
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"cannot read {names[0]} and the rest from {file}: {error}") from error
+
+
+def _unreadable_bin(file: Path, error: Exception) -> CheckpointError:
+    return CheckpointError(f"{file} is not a readable PyTorch state dict (truncated or corrupted?): {error}")
+
+
+def count_nonfinite(tensor: torch.Tensor) -> int:
+    """How many NaN and infinite values `tensor` holds."""
+    if not tensor.is_floating_point():
+        return 0
+    flat, count = tensor.reshape(-1), 0
+    for start in range(0, flat.numel(), FINITE_CHECK_ELEMENTS):
+        finite = torch.isfinite(flat[start : start + FINITE_CHECK_ELEMENTS])
+        if not finite.all():
+            count += finite.numel() - int(finite.sum())
+    return count

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from transformers.utils import logging as transformers_logging
 
-from ..configuration_scalevec import LINEAR_SCALES, NORM_SCALES, SCALE_PARAMS, SCALE_PRESETS
+from ..configuration_scalevec import SCALE_FIELDS, SCALE_PRESETS
 from .card import card_writer
 from .errors import ConversionError
 from .formats import TARGETS
@@ -51,6 +51,11 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists (atomically)")
     parser.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="convert tensors that hold NaN or Inf as they are, with a warning (by default they are refused)",
+    )
+    parser.add_argument(
         "--no-verify", dest="verify", action="store_false", help="skip the verification: " + VERIFY_HELP
     )
     add_atol(parser)
@@ -82,7 +87,15 @@ def add_atol(parser: argparse.ArgumentParser) -> None:
 
 def output_options(args: argparse.Namespace) -> OutputOptions:
     card = card_writer(args.source, args.push_to_hub) if getattr(args, "model_card", False) else None
-    return OutputOptions(args.dtype, args.max_shard_size, args.overwrite, args.verify, args.atol, card)
+    return OutputOptions(
+        dtype=args.dtype,
+        max_shard_size=args.max_shard_size,
+        overwrite=args.overwrite,
+        verify=args.verify,
+        atol=args.atol,
+        before_commit=card,
+        allow_nonfinite=args.allow_nonfinite,
+    )
 
 
 def report(result: ConversionResult) -> None:
@@ -107,7 +120,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    strategy = Strategy(args.preset, args.norm_scale, args.linear_scale, args.scale_param)
+    strategy = Strategy(args.preset, **{name: getattr(args, name) for name in SCALE_FIELDS})
     report(import_checkpoint(args.source, args.destination, strategy, output_options(args)))
     return 0
 
@@ -168,9 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     imported.add_argument(
         "--preset", default="unified", choices=SCALE_PRESETS, help="strategy preset (default unified)"
     )
-    imported.add_argument("--norm-scale", choices=NORM_SCALES, help="override the preset's norm_scale")
-    imported.add_argument("--linear-scale", choices=LINEAR_SCALES, help="override the preset's linear_scale")
-    imported.add_argument("--scale-param", choices=SCALE_PARAMS, help="override the preset's scale_param")
+    for name, choices in SCALE_FIELDS.items():
+        imported.add_argument(f"--{name.replace('_', '-')}", choices=choices, help=f"override the preset's {name}")
     imported.set_defaults(run=run_import)
 
     verify = commands.add_parser(
@@ -190,9 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
         "inspect",
         parents=[common],
         help="config, strategy, parameter counts, scale statistics",
-        description="Summarise a checkpoint: "
-        "format and architecture, scale-vector strategy, parameter counts, and per scale-vector site (all layers "
-        "and experts together) the mean, std, min and max of the scale values.",
+        description="Summarise a checkpoint, after checking its tensors against its config as a conversion does: "
+        "format and architecture, scale-vector strategy, parameter counts, the tensors that hold NaN or Inf, and "
+        "per scale-vector site (all layers and experts together) the mean, std, min and max of the scale values.",
     )
     inspect.add_argument("source", metavar="SRC")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")

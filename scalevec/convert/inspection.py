@@ -1,16 +1,17 @@
 """`scalevec-convert inspect`: what a checkpoint is, which scale-vector strategy it uses, how many parameters its
-scale vectors hold, and per site (all layers and experts together) the statistics of the scale values."""
+scale vectors hold, per site (all layers and experts together) the statistics of the scale values, and which
+tensors hold NaN or Inf. The checkpoint is checked against its config first, as a conversion checks it."""
 
-import math
-import re
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint
-from .formats import format_of, scalevec_view
-from .pipeline import meta_state
+from ..configuration_scalevec import SCALE_FIELDS
+from ..scale_sites import scale_site, vector_statistics
+from .checkpoint import count_nonfinite
+from .meta_model import scale_parameters
+from .pipeline import Source, open_source
 from .scales import pop_vector
 
 ARCHITECTURE_FIELDS = (
@@ -28,59 +29,64 @@ ARCHITECTURE_FIELDS = (
     "norm_topk_prob",
     "shared_expert_intermediate_size",
 )
-STRATEGY_FIELDS = ("scale_preset", "norm_scale", "linear_scale", "scale_param", "output_norm", "qk_norm", "folded")
-_PARAMETER = re.compile(r"\.(weight|magnitude|direction)$")
-_LAYER = re.compile(r"\.layers\.\d+\.")
+STRATEGY_FIELDS = ("scale_preset", *SCALE_FIELDS, "output_norm", "qk_norm", "folded")
 
 
 def inspect_checkpoint(path: str | Path) -> dict:
     """A JSON-ready summary of the checkpoint at `path` (any supported format, seen as a ScaleVec model; the
-    scale vectors of a stock checkpoint are its norm weights)."""
-    checkpoint = Checkpoint(path)
-    fmt = format_of(checkpoint.model_type)
-    config = scalevec_view(checkpoint, fmt)
-    state, roles = meta_state(config)
+    scale vectors of a stock checkpoint are its norm weights). Raises `CheckpointError` for a checkpoint that does
+    not match its config."""
+    source = open_source(path)
+    config, checkpoint = source.config, source.checkpoint
     return {
         "path": str(checkpoint.path),
-        "format": fmt.name,
+        "format": source.format.name,
         "architecture": {field: getattr(config, field) for field in ARCHITECTURE_FIELDS},
         "moe_layers": sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers)),
         "strategy": {field: getattr(config, field) for field in STRATEGY_FIELDS},
         "dtypes": sorted({str(info.dtype).removeprefix("torch.") for info in checkpoint.tensors.values()}),
-        "parameters": {
-            "total": sum(math.prod(info.shape) for info in checkpoint.tensors.values()),
-            "scale_vectors": {role: sum(state[name].numel() for name in names) for role, names in roles.items()},
-        },
+        "parameters": {"total": checkpoint.num_values, "scale_vectors": scale_parameters(config)},
+        "nonfinite": _nonfinite(source),
         "scale_sites": [
-            _statistics(checkpoint, site, role, names)
-            for role, names in roles.items()
-            for site, names in _sites(names)
+            _statistics(source, site, role, names)
+            for role, names in source.roles.items()
+            for site, names in _sites(names).items()
         ],
     }
 
 
-def _sites(names: list[str]) -> list[tuple[str, list[str]]]:
-    """Scale parameters grouped by site: the scale's module name with the layer index replaced by `*`."""
+def _nonfinite(source: Source) -> dict[str, int]:
+    """The number of NaN and infinite values of every tensor that holds any, read a unit at a time."""
+    counts = {}
+    for names in source.units.values():
+        for name, tensor in source.checkpoint.read(names).items():
+            if count := count_nonfinite(tensor):
+                counts[name] = count
+    return counts
+
+
+def _sites(names: list[str]) -> dict[str, list[str]]:
+    """Scale parameter names grouped by the site of their module."""
     sites: dict[str, list[str]] = defaultdict(list)
     for name in names:
-        sites[_LAYER.sub(".layers.*.", _PARAMETER.sub("", name))].append(name)
-    return list(sites.items())
+        site, _ = scale_site(_module(name))
+        sites[site].append(name)
+    return sites
 
 
-def _statistics(checkpoint: Checkpoint, site: str, role: str, names: list[str]) -> dict:
-    tensors = checkpoint.read(names)
-    modules = sorted({_PARAMETER.sub("", name) for name in names})
-    vectors = [pop_vector(tensors, module) for module in modules]
-    values = torch.cat([vector.reshape(-1) for vector in vectors])
+def _module(parameter_name: str) -> str:
+    return parameter_name.rpartition(".")[0]
+
+
+def _statistics(source: Source, site: str, role: str, names: list[str]) -> dict:
+    tensors = source.checkpoint.read(names)
+    vectors = [pop_vector(tensors, module) for module in sorted({_module(name) for name in names})]
     return {
         "site": site,
         "role": role,
         "vectors": sum(vector.numel() // vector.shape[-1] for vector in vectors),  # per layer and expert
-        "values": values.numel(),
-        "mean": values.mean().item(),
-        "std": values.std().item() if values.numel() > 1 else 0.0,
-        "min": values.min().item(),
-        "max": values.max().item(),
+        "values": sum(vector.numel() for vector in vectors),
+        **vector_statistics(torch.cat([vector.reshape(-1) for vector in vectors])),
     }
 
 
@@ -95,11 +101,13 @@ def format_summary(summary: dict) -> str:
         "strategy: " + ", ".join(f"{k}={v}" for k, v in summary["strategy"].items()),
         f"parameters: {parameters['total']:,} in all; scale vectors: {scales['input']:,} input-role, "
         f"{scales['output']:,} output-role ({(scales['input'] + scales['output']) / parameters['total']:.4%})",
-        f"{'site':<52} {'role':<6} {'vectors':>7} {'mean':>9} {'std':>9} {'min':>9} {'max':>9}",
+        "non-finite values (NaN or Inf): "
+        + (", ".join(f"{count:,} in {name}" for name, count in summary["nonfinite"].items()) or "none"),
+        f"{'site':<40} {'role':<6} {'vectors':>7} {'mean':>9} {'std':>9} {'min':>9} {'max':>9}",
     ]
     for site in summary["scale_sites"]:
         lines.append(
-            f"{site['site']:<52} {site['role']:<6} {site['vectors']:>7} {site['mean']:>9.4f} {site['std']:>9.4f} "
+            f"{site['site']:<40} {site['role']:<6} {site['vectors']:>7} {site['mean']:>9.4f} {site['std']:>9.4f} "
             f"{site['min']:>9.4f} {site['max']:>9.4f}"
         )
     return "\n".join(lines)

@@ -5,8 +5,6 @@ Everything that can be refused is refused before the staging folder exists: an u
 not match the source's config, a target format that cannot express the model.
 """
 
-import functools
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,13 +13,13 @@ from pathlib import Path
 import torch
 from transformers.utils.hub import convert_file_size_to_int
 
-from ..configuration_scalevec import SCALE_PRESETS, ScaleVecConfig
-from ..modeling_scalevec import ScaleVecForCausalLM
-from .checkpoint import Checkpoint, TensorInfo
-from .errors import TargetError, VerificationError
+from ..configuration_scalevec import SCALE_FIELDS, SCALE_PRESETS, ScaleVecConfig
+from .checkpoint import Checkpoint, TensorInfo, count_nonfinite
+from .errors import CheckpointError, TargetError, VerificationError
 from .fold import fold_unit
 from .formats import FORMATS, Format, StockFormat, format_of, scalevec_view
 from .layout import EMBEDDINGS, LM_HEAD
+from .meta_model import meta_state
 from .place import place_unit
 from .side_files import copy_side_files, write_config, write_remote_code
 from .staging import StagedFolder, check_destination
@@ -58,37 +56,46 @@ class ConversionResult:
 BeforeCommit = Callable[[Path, ConversionResult], None]
 
 
+@dataclass(frozen=True)
+class Source:
+    """A source checkpoint whose tensors were checked against its config: exactly the names and shapes it needs."""
+
+    checkpoint: Checkpoint
+    format: Format
+    config: ScaleVecConfig  # as a ScaleVec model (a stock source: its ScaleVec view)
+    roles: dict[str, list[str]]  # its scale-vector names by role (`scale_vector_roles()`)
+    units: dict[str, list[str]]  # its tensor names on disk, by unit, in reading order
+
+
+def open_source(path: str | Path) -> Source:
+    """The checkpoint at `path`, refused (`CheckpointError`) unless its tensors are what its config describes."""
+    checkpoint = Checkpoint(path)
+    fmt = format_of(checkpoint.model_type)
+    config = scalevec_view(checkpoint, fmt)
+    state, roles = meta_state(config)
+    units = _on_disk(fmt, config, _by_unit(state, config))
+    expected = {key: tuple(t.shape) for tensors in units.values() for key, t in tensors.items()}
+    ignored = [LM_HEAD] if config.tie_word_embeddings else []  # some writers store a tied head anyway
+    checkpoint.check_tensors(expected, f"its config ({fmt.name})", ignored)
+    return Source(
+        checkpoint=checkpoint,
+        format=fmt,
+        config=config,
+        roles=roles,
+        units={unit: list(tensors) for unit, tensors in units.items()},
+    )
+
+
 @dataclass
 class _Job:
     """Everything decided before anything is written."""
 
-    checkpoint: Checkpoint
-    source_format: Format
-    source_config: ScaleVecConfig
-    source_roles: dict[str, list[str]]
+    source: Source
     output_config: ScaleVecConfig
     target: Format
-    source_units: dict[str, list[str]]
-    output_units: dict[str, Tensors]
-    output_scales: set[str]
-    plan: list[tuple[str, tuple[int, ...]]]
-
-
-def meta_state(config: ScaleVecConfig) -> tuple[Tensors, dict[str, list[str]]]:
-    """The state dict (as saved: no tied LM head) and the scale-vector names by role of a ScaleVec model of
-    `config`, on the meta device: the layout of a checkpoint, with no memory spent on it."""
-    state, roles = _meta_state(json.dumps(config.to_dict(), sort_keys=True))
-    return dict(state), {role: list(names) for role, names in roles.items()}
-
-
-@functools.lru_cache(maxsize=4)  # a conversion and its model card ask for the same layouts
-def _meta_state(config_json: str) -> tuple[Tensors, dict[str, list[str]]]:
-    with torch.device("meta"):
-        model = ScaleVecForCausalLM(ScaleVecConfig.from_dict(json.loads(config_json)))  # built from a copy
-    state = model.state_dict()
-    if model.config.tie_word_embeddings:
-        del state[LM_HEAD]
-    return state, model.scale_vector_roles()
+    output_units: dict[str, Tensors]  # the output's meta tensors by unit, with ScaleVec names
+    output_scales: set[str]  # the output's scale-vector names
+    plan: list[tuple[str, tuple[int, ...]]]  # the output's tensors on disk (name, shape), in writing order
 
 
 def _by_unit(state: Tensors, config: ScaleVecConfig) -> dict[str, Tensors]:
@@ -102,82 +109,6 @@ def _on_disk(fmt: Format, config: ScaleVecConfig, units: dict[str, Tensors]) -> 
     return {unit: fmt.to_disk(unit, tensors, config) for unit, tensors in units.items()}
 
 
-def folded_config(config: ScaleVecConfig) -> ScaleVecConfig:
-    """The config of the folded (inference) form of `config`."""
-    return _with_strategy(config, "standard", "shared", "none", "direct", folded=True)
-
-
-def _with_strategy(config, preset, norm_scale=None, linear_scale=None, scale_param=None, folded=False):
-    fields = config.to_dict()
-    for name in ("architectures", "auto_map", "dtype", "transformers_version"):
-        fields.pop(name, None)
-    strategy = {"norm_scale": norm_scale, "linear_scale": linear_scale, "scale_param": scale_param}
-    return ScaleVecConfig.from_dict({**fields, **strategy, "scale_preset": preset, "folded": folded})
-
-
-def _prepare(source: str | Path, target: Format, output_config_of: Callable[[ScaleVecConfig], ScaleVecConfig]) -> _Job:
-    checkpoint = Checkpoint(source)
-    source_format = format_of(checkpoint.model_type)
-    source_config = scalevec_view(checkpoint, source_format)
-    output_config = output_config_of(source_config)
-    blockers = target.blockers(output_config)
-    if blockers:
-        raise TargetError(
-            f"cannot export to {target.name}: the model has {'; and '.join(blockers)}. "
-            "`--to scalevec` (remote code) always works."
-        )
-    source_state, source_roles = meta_state(source_config)
-    source_units = _on_disk(source_format, source_config, _by_unit(source_state, source_config))
-    expected = {key: tuple(t.shape) for tensors in source_units.values() for key, t in tensors.items()}
-    ignored = [LM_HEAD] if source_config.tie_word_embeddings else []  # some writers store a tied head anyway
-    checkpoint.check_tensors(expected, f"its config ({source_format.name})", ignored)
-    output_state, output_roles = meta_state(output_config)
-    output_units = _by_unit(output_state, output_config)
-    plan = [
-        (key, tuple(t.shape))
-        for tensors in _on_disk(target, output_config, output_units).values()
-        for key, t in tensors.items()
-    ]
-    return _Job(
-        checkpoint,
-        source_format,
-        source_config,
-        source_roles,
-        output_config,
-        target,
-        {unit: list(tensors) for unit, tensors in source_units.items()},
-        output_units,
-        set(output_roles["input"] + output_roles["output"]),
-        plan,
-    )
-
-
-def _convert_unit(job: _Job, unit: str) -> tuple[Tensors, dict[str, TensorInfo]]:
-    """The unit's output tensors, and where those that pass through unchanged lie in the source."""
-    source = job.checkpoint.read(job.source_units[unit])
-    tensors = job.source_format.from_disk(unit, source, job.source_config)
-    folded = fold_unit(unit, tensors, job.source_config.hidden_size)
-    placed = place_unit(unit, folded, job.output_units[unit], job.output_scales)
-    output = job.target.to_disk(unit, placed, job.output_config)
-    origin = {id(tensor): job.checkpoint.tensors[name] for name, tensor in source.items()}
-    return output, {name: origin[id(tensor)] for name, tensor in output.items() if id(tensor) in origin}
-
-
-@dataclass(frozen=True)
-class OutputOptions:
-    """How to write an output. `dtype`: of the written tensors (a torch dtype or its name; default: the source's);
-    folding itself always runs in float32. `max_shard_size`: bytes or a size such as "500MB". `verify`: compare the
-    logits of the output with the source's (see verify.py), against `atol` if given. `before_commit`: see
-    `BeforeCommit`."""
-
-    dtype: torch.dtype | str | None = None
-    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE
-    overwrite: bool = False
-    verify: bool = True
-    atol: float | None = None
-    before_commit: BeforeCommit | None = None
-
-
 @dataclass(frozen=True)
 class Strategy:
     """The scale-vector strategy of an imported model: a preset, and explicit fields that override it."""
@@ -186,6 +117,88 @@ class Strategy:
     norm_scale: str | None = None
     linear_scale: str | None = None
     scale_param: str | None = None
+
+
+def folded_config(config: ScaleVecConfig) -> ScaleVecConfig:
+    """The config of the folded (inference) form of `config`: the standard preset's layout, `folded=True`."""
+    return _with_strategy(config, Strategy(preset="standard"), folded=True)
+
+
+def _with_strategy(config: ScaleVecConfig, strategy: Strategy, folded: bool = False) -> ScaleVecConfig:
+    fields = config.to_dict()
+    for name in ("architectures", "auto_map", "dtype", "transformers_version"):
+        fields.pop(name, None)
+    # Every strategy field is replaced: a None one is filled from the new preset, not kept from `config`.
+    overrides = {name: getattr(strategy, name) for name in SCALE_FIELDS}
+    return ScaleVecConfig.from_dict({**fields, **overrides, "scale_preset": strategy.preset, "folded": folded})
+
+
+def _prepare(source: str | Path, target: Format, output_config_of: Callable[[ScaleVecConfig], ScaleVecConfig]) -> _Job:
+    opened = open_source(source)
+    output_config = output_config_of(opened.config)
+    blockers = target.blockers(output_config)
+    if blockers:
+        raise TargetError(
+            f"cannot export to {target.name}: the model has {'; and '.join(blockers)}. "
+            "`--to scalevec` (remote code) always works."
+        )
+    output_state, output_roles = meta_state(output_config)
+    output_units = _by_unit(output_state, output_config)
+    plan = [
+        (key, tuple(t.shape))
+        for tensors in _on_disk(target, output_config, output_units).values()
+        for key, t in tensors.items()
+    ]
+    return _Job(
+        source=opened,
+        output_config=output_config,
+        target=target,
+        output_units=output_units,
+        output_scales=set(output_roles["input"] + output_roles["output"]),
+        plan=plan,
+    )
+
+
+def _convert_unit(job: _Job, unit: str, source: Tensors) -> tuple[Tensors, dict[str, TensorInfo]]:
+    """The output tensors of the unit whose source tensors are `source`, and where those that pass through
+    unchanged lie in the source."""
+    tensors = job.source.format.from_disk(unit, source, job.source.config)
+    folded = fold_unit(unit, tensors, job.source.config.hidden_size)
+    placed = place_unit(unit, folded, job.output_units[unit], job.output_scales)
+    output = job.target.to_disk(unit, placed, job.output_config)
+    origin = {id(tensor): job.source.checkpoint.tensors[name] for name, tensor in source.items()}
+    return output, {name: origin[id(tensor)] for name, tensor in output.items() if id(tensor) in origin}
+
+
+def check_finite(checkpoint: Checkpoint, tensors: Tensors, allow_nonfinite: bool = False) -> None:
+    """Refuse (`CheckpointError`) tensors of `checkpoint` that hold NaN or Inf, naming the first and its count;
+    with `allow_nonfinite`, only warn. The verification alone would miss a NaN in an embedding row or an expert
+    that its random tokens never reach."""
+    for name, tensor in tensors.items():
+        count = count_nonfinite(tensor)
+        if not count:
+            continue
+        found = f"tensor {name} in {checkpoint.tensors[name].file} holds {count:,} non-finite values (NaN or Inf)"
+        if not allow_nonfinite:
+            raise CheckpointError(f"{found}; pass --allow-nonfinite (allow_nonfinite=True) to convert it as it is")
+        logger.warning("%s; converted as it is (--allow-nonfinite)", found)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How to write an output. `dtype`: of the written tensors (a torch dtype or its name; default: the source's);
+    folding itself always runs in float32. `max_shard_size`: bytes or a size such as "500MB". `verify`: compare the
+    logits of the output with the source's (see verify.py), against `atol` if given. `before_commit`: see
+    `BeforeCommit`. `allow_nonfinite`: convert tensors that hold NaN or Inf (with a warning) instead of refusing
+    them."""
+
+    dtype: torch.dtype | str | None = None
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE
+    overwrite: bool = False
+    verify: bool = True
+    atol: float | None = None
+    before_commit: BeforeCommit | None = None
+    allow_nonfinite: bool = False
 
 
 def export_checkpoint(
@@ -218,9 +231,7 @@ def import_checkpoint(
         if strategy.preset not in SCALE_PRESETS:
             raise TargetError(f"unknown preset {strategy.preset!r}; choose one of {', '.join(SCALE_PRESETS)}")
         try:
-            imported = _with_strategy(
-                config, strategy.preset, strategy.norm_scale, strategy.linear_scale, strategy.scale_param
-            )
+            imported = _with_strategy(config, strategy)
         except ValueError as error:
             raise TargetError(f"invalid strategy: {error}") from error
         if imported.norm_scale == "none" and imported.tie_word_embeddings:
@@ -235,7 +246,7 @@ def import_checkpoint(
 
 def _output_dtype(job: _Job, requested: torch.dtype | str | None) -> torch.dtype:
     if requested is None:
-        return job.checkpoint.tensors[EMBEDDINGS].dtype
+        return job.source.checkpoint.tensors[EMBEDDINGS].dtype
     if isinstance(requested, torch.dtype) and requested in OUTPUT_DTYPES.values():
         return requested
     if requested in OUTPUT_DTYPES:
@@ -257,46 +268,57 @@ def _run(job: _Job, destination: str | Path, options: OutputOptions) -> Conversi
     warnings = job.target.warnings(job.output_config)
     for warning in warnings:
         logger.warning(warning)
+    source = job.source
     logger.info(
-        "converting %s (%s) to %s in %s", job.checkpoint.path, job.source_format.name, job.target.name, destination
+        "converting %s (%s) to %s in %s", source.checkpoint.path, source.format.name, job.target.name, destination
     )
     with StagedFolder(destination, options.overwrite) as staged:
-        _write(job, staged.path, dtype, max_bytes)
-        written = sorted(staged.path.iterdir())
+        _write(job, staged.path, dtype, max_bytes, allow_nonfinite=options.allow_nonfinite)
+        files, total_bytes = _listing(staged.path)
         result = ConversionResult(
             destination=destination,
             target=job.target.name,
             config=job.output_config,
-            source_config=job.source_config,
-            source_roles=job.source_roles,
+            source_config=source.config,
+            source_roles=source.roles,
             dtype=dtype,
-            files=[p.name for p in written],
+            files=files,
             num_tensors=len(job.plan),
-            total_bytes=sum(p.stat().st_size for p in written),
+            total_bytes=total_bytes,
             warnings=warnings,
         )
         if options.verify:
-            result.verification = _verify(job.checkpoint.path, staged.path, options.atol)
+            result.verification = _verify(source.checkpoint.path, staged.path, options.atol)
         if options.before_commit is not None:
             options.before_commit(staged.path, result)
+            result.files, result.total_bytes = _listing(staged.path)  # with what the hook added
         staged.commit()
     return result
 
 
-def _write(job: _Job, folder: Path, dtype: torch.dtype, max_shard_bytes: int) -> None:
+def _write(job: _Job, folder: Path, dtype: torch.dtype, max_shard_bytes: int, *, allow_nonfinite: bool) -> None:
+    checkpoint = job.source.checkpoint
     with ShardedWriter(folder, job.plan, dtype, max_shard_bytes) as writer:
-        for unit in job.source_units:
-            writer.write(*_convert_unit(job, unit))
+        for unit, names in job.source.units.items():
+            source = checkpoint.read(names)
+            check_finite(checkpoint, source, allow_nonfinite)
+            writer.write(*_convert_unit(job, unit, source))
         writer.close()
     write_config(folder, job.target, job.output_config, dtype)
     if not isinstance(job.target, StockFormat):
         write_remote_code(folder)
-    copy_side_files(job.checkpoint.path, folder, job.output_config)
+    copy_side_files(checkpoint.path, folder, job.output_config)
+
+
+def _listing(folder: Path) -> tuple[list[str], int]:
+    """The names of the files in `folder` and their total size in bytes."""
+    files = sorted(folder.iterdir())
+    return [p.name for p in files], sum(p.stat().st_size for p in files)
 
 
 def _verify(source: Path, output: Path, atol: float | None) -> Comparison:
+    # Not logged: the caller reports the comparison it gets back (`ConversionResult.verification`).
     comparison = compare_checkpoints(source, output, atol)
-    logger.info("verification: %s", comparison.describe())
     if not comparison.passed:
         raise VerificationError(f"the output does not compute what its source does: {comparison.describe()}")
     return comparison

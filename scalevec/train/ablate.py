@@ -16,11 +16,10 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import torch
-
 from ..atomic import write_text_atomically
-from ..configuration_scalevec import ScaleVecConfig
-from ..modeling_scalevec import ScaleVecForCausalLM
+from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
+from ..convert.meta_model import scale_parameters
+from ..run_records import logged_curve, read_run_records
 from .cli import ModelArguments, parse_arguments, train
 from .data import DataArguments
 from .diagnostics import save_figure
@@ -35,7 +34,7 @@ VARIANTS: dict[str, dict] = {
     "magdir": dict(scale_preset="standard", scale_param="magdir"),
     "unified": dict(scale_preset="unified"),
 }
-_STRATEGY_FIELDS = ("scale_preset", "norm_scale", "linear_scale", "scale_param")
+_STRATEGY_FIELDS = ("scale_preset", *SCALE_FIELDS)
 
 
 @dataclass
@@ -97,23 +96,17 @@ def run_ablation(
 
 
 def _record(variant: str, seed: int, result, wall_seconds: float) -> RunRecord:
-    history = json.loads((result.output_dir / "trainer_state.json").read_text())["log_history"]
-    train_losses = [entry["loss"] for entry in history if "loss" in entry]
+    _, last_loss = logged_curve(read_run_records(result.output_dir).log_history, "loss")[-1]
     return RunRecord(
         variant=variant,
         seed=seed,
-        train_loss=train_losses[-1],
+        train_loss=last_loss,
         eval_loss=result.metrics.get("eval_loss"),
         tokens=int(result.metrics.get("num_input_tokens_seen", 0)),
         wall_seconds=wall_seconds,
-        scale_parameters=_scale_parameters(result.output_dir),
+        scale_parameters=sum(scale_parameters(ScaleVecConfig.from_pretrained(result.output_dir)).values()),
         output_dir=str(result.output_dir),
     )
-
-
-def _scale_parameters(run_dir: Path) -> int:
-    with torch.device("meta"):
-        return ScaleVecForCausalLM(ScaleVecConfig.from_pretrained(run_dir)).num_scale_parameters()
 
 
 def _format(record: RunRecord) -> str:
@@ -166,8 +159,7 @@ def plot_losses(records: list[RunRecord], path: Path) -> Path:
     fig, (curves, finals) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [2, 1]})
     colours = {v: f"C{i}" for i, v in enumerate(dict.fromkeys(r.variant for r in records))}
     for record in records:
-        history = json.loads((Path(record.output_dir) / "trainer_state.json").read_text())["log_history"]
-        points = [(entry["step"], entry["loss"]) for entry in history if "loss" in entry]
+        points = logged_curve(read_run_records(record.output_dir).log_history, "loss")
         label = record.variant if record.seed == min(r.seed for r in records) else None
         curves.plot(*zip(*points), color=colours[record.variant], alpha=0.8, label=label)
     curves.set(title="training loss", xlabel="step", ylabel="nats per token")

@@ -1,16 +1,14 @@
 """Scale-vector diagnostics: per-site statistics logged during training, and the end-of-run picture."""
 
-import re
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
 
-from ..convert.card import RUN_PICTURE
 from ..modeling_scalevec import ScaleVecScale
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+from ..run_records import RUN_PICTURE, logged_curve
+from ..scale_sites import scale_site, vector_statistics
 
 
 def scale_statistics(model: torch.nn.Module) -> dict[str, dict[int, dict[str, float]]]:
@@ -20,22 +18,13 @@ def scale_statistics(model: torch.nn.Module) -> dict[str, dict[int, dict[str, fl
     for name, module in model.named_modules():
         if not isinstance(module, ScaleVecScale) or module.scale_param is None:
             continue
-        match = _LAYER.search(name)
-        site = _LAYER.sub(".", name).strip(".").removeprefix("model.")
+        site, layer = scale_site(name)
         with torch.no_grad():
-            vector = module.vector().float()
-        mean = vector.mean().item()
-        std = vector.std().item() if vector.numel() > 1 else 0.0
-        entry = {
-            "mean": mean,
-            "std": std,
-            "min": vector.min().item(),
-            "max": vector.max().item(),
-            "anisotropy": std / abs(mean) if mean else float("inf"),
-        }
+            entry = vector_statistics(module.vector())
+        entry["anisotropy"] = entry["std"] / abs(entry["mean"]) if entry["mean"] else float("inf")
         if module.scale_param == "magdir":
             entry["magnitude"] = module.magnitude.detach().float().mean().item()
-        stats[site][int(match.group(1)) if match else -1] = entry
+        stats[site][layer] = entry
     return dict(stats)
 
 
@@ -52,6 +41,9 @@ class ScaleStatsCallback(TrainerCallback):
     """Adds per-site scale statistics to every training log (so every logger the Trainer reports to gets them)
     and, at the end, writes `scale_vectors.png` with the loss curves and the per-layer statistics."""
 
+    def __init__(self):
+        self.training_ended = False
+
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if model is None or logs is None or "loss" not in logs:
             return
@@ -61,6 +53,16 @@ class ScaleStatsCallback(TrainerCallback):
             state.log_history[-1].update(extra)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        self.training_ended = True
+        self._plot(args, state, model)
+
+    def on_evaluate(self, args, state, control, model=None, **kwargs):
+        # The held-out evaluation of a finished run comes after `on_train_end`: draw again to show its loss.
+        if self.training_ended:
+            self._plot(args, state, model)
+
+    @staticmethod
+    def _plot(args, state, model) -> None:
         if model is not None and state.is_world_process_zero:
             plot_run(state.log_history, scale_statistics(_unwrap(model)), Path(args.output_dir) / RUN_PICTURE)
 
@@ -78,15 +80,21 @@ def _unwrap(model):
 
 
 def plot_run(log_history: list[dict], stats: dict, path: Path) -> Path:
+    """Write the picture of a run (`run_figure`) to `path`."""
+    return save_figure(run_figure(log_history, stats), path)
+
+
+def run_figure(log_history: list[dict], stats: dict):
     """Loss curves (train, eval) and the mean and anisotropy of every scale site across layers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (losses, means, anisotropy) = plt.subplots(1, 3, figsize=(16, 4.5))
     for key, label in (("loss", "train"), ("eval_loss", "eval")):
-        points = [(entry["step"], entry[key]) for entry in log_history if key in entry]
+        points = logged_curve(log_history, key)
         if points:
             losses.plot(*zip(*points), marker="o" if label == "eval" else None, label=label)
     losses.set(title="loss", xlabel="step", ylabel="nats per token")
@@ -98,9 +106,11 @@ def plot_run(log_history: list[dict], stats: dict, path: Path) -> Path:
         anisotropy.plot(order, [layers[i]["anisotropy"] for i in order], marker=".", label=site)
     means.set(title="scale mean per layer", xlabel="layer (-1: outside blocks)")
     anisotropy.set(title="scale anisotropy (std / mean) per layer", xlabel="layer (-1: outside blocks)")
+    for per_layer in (means, anisotropy):
+        per_layer.xaxis.set_major_locator(MaxNLocator(integer=True))
     if stats:
         anisotropy.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    return save_figure(fig, path)
+    return fig
 
 
 def save_figure(fig, path: Path) -> Path:
