@@ -28,7 +28,7 @@ from _common import machine, today
 from scalevec import ScaleVecConfig
 from scalevec.convert import cli
 from scalevec.convert.formats import FORMATS
-from scalevec.convert.pipeline import meta_state
+from scalevec.convert.meta_model import meta_state
 from scalevec.convert.side_files import write_config
 from scalevec.convert.units import group_by_unit
 from scalevec.convert.writer import ShardedWriter
