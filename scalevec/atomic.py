@@ -1,8 +1,35 @@
-"""Atomic file writes: a reader (or a crash) sees the old file or the new one, never half of one."""
+"""Atomic files and folders: a reader (or a crash, or a power loss) sees the old one or the new one, never half of
+one. Also the one place that turns the OS errors a user can cause into a sentence naming the path."""
 
+import ctypes
+import errno
+import fcntl
 import os
+import re
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from safetensors import SafetensorError
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1  # from linux/fs.h
+_UNSUPPORTED = (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP)
+_CAUSES = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOENT: "no such file or folder",
+    errno.ENOTDIR: "a part of the path is not a folder",
+    errno.EEXIST: "already exists",
+    errno.EIO: "input/output error",
+}
+# A failed write with less free space than this is taken for a full disk (see `explain_write_failure`).
+_NEARLY_FULL = 1 << 20
 
 
 def write_text_atomically(path: str | Path, text: str) -> Path:
@@ -19,3 +46,112 @@ def write_text_atomically(path: str | Path, text: str) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file's data, or a folder's entries, to the disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_tree(folder: str | Path) -> None:
+    """Flush every file and folder under `folder`, and `folder` itself: after a power loss a folder renamed into
+    place afterwards holds what was written, not empty files."""
+    for root, _, files in os.walk(folder, topdown=False):
+        for name in files:
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
+
+
+def rename_noreplace(source: str | Path, destination: str | Path) -> None:
+    """Rename `source` to `destination`, failing with `FileExistsError` if `destination` exists, in one step:
+    `renameat2(RENAME_NOREPLACE)` where the kernel and the file system have it; elsewhere an exclusive lock on the
+    parent folder, which every caller takes, is held across the check and the rename."""
+    if _renameat2_noreplace(os.fsencode(source), os.fsencode(destination)):
+        return
+    parent = os.open(os.path.dirname(os.path.abspath(destination)), os.O_RDONLY)
+    try:
+        fcntl.flock(parent, fcntl.LOCK_EX)
+        if os.path.lexists(destination):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(destination))
+        os.rename(source, destination)
+    finally:
+        os.close(parent)  # releases the lock
+
+
+def _renameat2_noreplace(source: bytes, destination: bytes) -> bool:
+    """True when renamed; False when this system cannot rename without replacing (then nothing happened)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc >= 2.28, or not Linux
+        return False
+    if renameat2(_AT_FDCWD, source, _AT_FDCWD, destination, _RENAME_NOREPLACE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _UNSUPPORTED:  # a real error (a folder into itself, say) comes back from the fallback's rename
+        return False
+    raise OSError(code, os.strerror(code), os.fsdecode(source), None, os.fsdecode(destination))
+
+
+def commit_folder(staging: str | Path, destination: str | Path) -> None:
+    """Make the finished folder `staging` appear as `destination` (which must not exist), durably: its files are
+    flushed before the rename and the parent's entry after it."""
+    fsync_tree(staging)
+    rename_noreplace(staging, destination)
+    fsync_path(os.path.dirname(os.path.abspath(destination)))
+
+
+def remove_folder(folder: str | Path) -> None:
+    """Delete `folder` so that no half-deleted copy can be mistaken for it: rename it to a hidden name first."""
+    folder = Path(folder)
+    doomed = folder.with_name(f".{folder.name}.deleting")
+    shutil.rmtree(doomed, ignore_errors=True)  # left by a process killed while deleting
+    os.rename(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def describe_os_error(error: OSError, path: str | Path | None = None) -> str:
+    """One line naming the path and the cause: `<path>: no space left on the device`. `path` replaces the file
+    the error names (e.g. a staging file the user never asked for, in favour of the destination)."""
+    cause = _CAUSES.get(error.errno, error.strerror or str(error))
+    named = path if path is not None else error.filename
+    return f"{named}: {cause}" if named is not None else cause
+
+
+def explain_write_failure(error: BaseException, folder: str | Path) -> OSError | None:
+    """The `OSError` behind a failed write into `folder`, for writers that hide it: safetensors reports it inside a
+    `SafetensorError` ("... (os error 28)"), `torch.save` not at all ("unexpected pos 576 vs 534"), so a torch
+    error on a full or read-only file system is taken for that. None when there is no OS cause to name."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return error
+    if isinstance(error, SafetensorError) and (code := re.search(r"os error (\d+)", str(error))):
+        return OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(folder))
+    if not isinstance(error, RuntimeError):
+        return None
+    try:
+        usage = os.statvfs(folder)
+    except OSError:
+        return None
+    free_blocks = usage.f_bfree if os.geteuid() == 0 else usage.f_bavail  # root may write into the reserve
+    if free_blocks * usage.f_frsize < _NEARLY_FULL:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
+    if usage.f_flag & os.ST_RDONLY:
+        return OSError(errno.EROFS, os.strerror(errno.EROFS), str(folder))
+    return None
+
+
+@contextmanager
+def writes_into(folder: str | Path, named: str | Path | None = None) -> Iterator[None]:
+    """Re-raise a failed write into `folder` as the `OSError` behind it (see `explain_write_failure`), naming
+    `named` (what the user asked for) where given, else the file the error names, else `folder`."""
+    try:
+        yield
+    except Exception as error:
+        cause = explain_write_failure(error, folder)
+        if cause is None:
+            raise
+        path = named if named is not None else cause.filename if cause.filename is not None else folder
+        raise OSError(cause.errno, cause.strerror, str(path)) from error

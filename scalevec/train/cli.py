@@ -2,25 +2,36 @@
 
 scalevec-train --model-size tiny --scale-preset unified --max-steps 50 --output-dir runs/tiny
 scalevec-train config.yaml [--flag value ...]      # a JSON/YAML file of the same options; flags override it
+scalevec-train ... --output-dir runs/tiny --resume  # after a kill: the same command, from the last complete checkpoint
 torchrun --nproc_per_node 2 -m scalevec.train.cli ...
 """
 
 import json
+import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import AutoTokenizer, DataCollatorForLanguageModeling, HfArgumentParser
-from transformers.trainer_utils import enable_full_determinism, get_last_checkpoint, set_seed
+from transformers import AutoTokenizer, DataCollatorForLanguageModeling, HfArgumentParser, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import enable_full_determinism, set_seed
 
-from ..atomic import write_text_atomically
-from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
+from ..atomic import describe_os_error, fsync_tree, write_text_atomically, writes_into
+from ..configuration_scalevec import ScaleVecConfig
 from ..modeling_scalevec import ScaleVecForCausalLM
-from ..run_records import RUN_PICTURE
+from ..convert.card import RUN_PICTURE
 from .corpus import default_tokenizer
 from .data import DataArguments, build_datasets
 from .presets import MODEL_SIZES
-from .trainer import NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
+from .resume import (
+    CheckpointContent,
+    check_explicit_checkpoint,
+    choose_checkpoint,
+    finished_step,
+    remove_leftovers,
+)
+from .trainer import STAGING_SUFFIX, NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
 
 
 @dataclass
@@ -35,7 +46,17 @@ class ModelArguments:
     config_overrides: str | None = field(default=None, metadata={"help": "JSON dict of ScaleVecConfig fields."})
     init_from: str | None = field(default=None, metadata={"help": "Continue from a ScaleVec checkpoint folder."})
     attn_implementation: str = field(default="sdpa", metadata={"help": "eager, sdpa, flash_attention_2, ..."})
-    resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in --output-dir."})
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Continue from the newest complete checkpoint in --output-dir (incomplete ones are set aside); "
+            "a finished run trains nothing."
+        },
+    )
+    resume_weights_only: bool = field(
+        default=False,
+        metadata={"help": "Allow resuming from a checkpoint without optimizer or scheduler state (both restart)."},
+    )
 
 
 @dataclass
@@ -57,7 +78,7 @@ def build_model_config(args: ModelArguments, tokenizer) -> ScaleVecConfig:
         bos_token_id=tokenizer.bos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    for name in (*SCALE_FIELDS, "qk_norm"):
+    for name in ("norm_scale", "linear_scale", "scale_param", "qk_norm"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     fields.update(json.loads(args.config_overrides or "{}"))
@@ -73,8 +94,26 @@ def _check_output_dir(output_dir: Path, resuming: bool) -> None:
 
 
 def train(model_args: ModelArguments, data_args: DataArguments, training_args: ScaleVecTrainingArguments):
-    """Build tokenizer, model and data, train, evaluate on the held-out split, save; returns a `TrainResult`."""
-    _check_output_dir(Path(training_args.output_dir), model_args.resume or training_args.resume_from_checkpoint)
+    """Build tokenizer, model and data, train, evaluate on the held-out split, save; returns a `TrainResult`.
+    A failure leaves no output folder that this call created and left empty."""
+    output_dir = Path(training_args.output_dir)
+    created = not output_dir.exists()
+    try:
+        return _train(model_args, data_args, training_args)
+    except BaseException:
+        if created and output_dir.is_dir() and not any(output_dir.iterdir()):
+            output_dir.rmdir()
+        raise
+
+
+def _train(model_args: ModelArguments, data_args: DataArguments, training_args: ScaleVecTrainingArguments):
+    output_dir = Path(training_args.output_dir)
+    _check_output_dir(output_dir, model_args.resume or training_args.resume_from_checkpoint)
+    if model_args.resume and (step := finished_step(output_dir, training_args.max_steps)) is not None:
+        print(f"scalevec-train: the run in {output_dir} already finished at step {step}: nothing to train")
+        return TrainResult(output_dir, _recorded_metrics(output_dir), _picture(output_dir))
+    with training_args.main_process_first(desc="checkpoints"):
+        checkpoint = _resume_point(model_args, training_args)
     tokenizer = AutoTokenizer.from_pretrained(data_args.tokenizer) if data_args.tokenizer else default_tokenizer()
     # Seed before the model is built (the Trainer seeds only later): --seed must fix the initial weights too.
     seed = training_args.seed
@@ -101,23 +140,83 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: S
         processing_class=tokenizer,
         bytes_per_token=data.bytes_per_token,
     )
-    resume = training_args.resume_from_checkpoint
-    if model_args.resume:
-        resume = get_last_checkpoint(training_args.output_dir)
-        if resume is None:
-            raise ValueError(f"--resume: no checkpoint-* folder in {training_args.output_dir}")
-    outcome = trainer.train(resume_from_checkpoint=resume)
-    metrics = dict(outcome.metrics)
+    metrics = _run(trainer, checkpoint)
     if data.eval is not None:
         metrics.update(trainer.evaluate())
-    trainer.save_model()
-    trainer.save_state()
-    trainer.save_metrics("all", metrics)
+    _save_result(trainer, metrics)
+    return TrainResult(output_dir, metrics, _picture(output_dir))
+
+
+def _resume_point(model_args: ModelArguments, training_args: ScaleVecTrainingArguments) -> CheckpointContent | None:
+    weights_only = model_args.resume_weights_only
+    if training_args.resume_from_checkpoint:
+        return check_explicit_checkpoint(Path(training_args.resume_from_checkpoint), weights_only)
+    if not model_args.resume:
+        return None
     output_dir = Path(training_args.output_dir)
-    if trainer.is_world_process_zero():
-        write_text_atomically(output_dir / "training_args.json", training_args.to_json_string())
+    if output_dir.is_dir():
+        remove_leftovers(output_dir)
+    checkpoint = choose_checkpoint(output_dir, weights_only)
+    if checkpoint is None:
+        print(f"scalevec-train: no checkpoint in {output_dir} yet: training from step 0", flush=True)
+    elif checkpoint.missing:
+        print(
+            f"scalevec-train: warning: {checkpoint.path.name} lacks {' and '.join(checkpoint.missing)}: resuming "
+            "from its weights with a fresh optimizer and learning-rate schedule",
+            flush=True,
+        )
+    return checkpoint
+
+
+def _run(trainer: ScaleVecTrainer, checkpoint: CheckpointContent | None) -> dict:
+    """Train from `checkpoint` (or from scratch); the training metrics."""
+    if checkpoint is None:
+        return dict(trainer.train().metrics)
+    last_step = trainer.args.max_steps if trainer.args.max_steps > 0 else checkpoint.max_steps
+    if checkpoint.step < last_step:
+        trainer.fresh_optimizer_on_resume = bool(checkpoint.missing)
+        return dict(trainer.train(resume_from_checkpoint=str(checkpoint.path)).metrics)
+    # Killed after saving its last step: `Trainer.train` would take a step more, so load the checkpoint instead.
+    print(f"scalevec-train: {checkpoint.path} holds the last step: nothing to train, saving it as the result")
+    trainer._load_from_checkpoint(str(checkpoint.path))
+    trainer.state = TrainerState.load_from_json(str(checkpoint.path / TRAINER_STATE_NAME))
+    return {}
+
+
+def _save_result(trainer: ScaleVecTrainer, metrics: dict) -> None:
+    """The final model, tokenizer and records. The model's files are written into a staging folder and moved in
+    once all are there, and `trainer_state.json` comes last: a readable one means that the run finished."""
+    output_dir = Path(trainer.args.output_dir)
+    staging = output_dir / f".result{STAGING_SUFFIX}"
+    main_process = trainer.is_world_process_zero()
+    with writes_into(output_dir, named=output_dir):
+        try:
+            trainer.save_model(str(staging))
+            if main_process:
+                _move_files(staging, output_dir)
+        finally:
+            if main_process:
+                shutil.rmtree(staging, ignore_errors=True)
+        trainer.save_metrics("all", metrics)
+        if main_process:
+            write_text_atomically(output_dir / "training_args.json", trainer.args.to_json_string())
+        trainer.save_state()
+
+
+def _move_files(source: Path, destination: Path) -> None:
+    fsync_tree(source)
+    for file in source.iterdir():
+        os.replace(file, destination / file.name)
+
+
+def _recorded_metrics(output_dir: Path) -> dict:
+    records = output_dir / "all_results.json"
+    return json.loads(records.read_text()) if records.is_file() else {}
+
+
+def _picture(output_dir: Path) -> Path | None:
     plot = output_dir / RUN_PICTURE
-    return TrainResult(output_dir, metrics, plot if plot.exists() else None)
+    return plot if plot.exists() else None
 
 
 TRAIN_ARGUMENTS = (ModelArguments, DataArguments, ScaleVecTrainingArguments)
@@ -146,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         result = train(*parse_arguments(sys.argv[1:] if argv is None else argv))
     except (ValueError, NonFiniteLossError) as error:
         print(f"scalevec-train: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"scalevec-train: error: {describe_os_error(error)}", file=sys.stderr)
         return 1
     print(f"saved to {result.output_dir}" + (f"; plot {result.plot}" if result.plot else ""))
     return 0

@@ -1,7 +1,8 @@
-"""`ScaleVecTrainer`: the stock Trainer with role-aware weight decay, Muon, held-out LM metrics and a stop on a
-non-finite loss."""
+"""`ScaleVecTrainer`: the stock Trainer with role-aware weight decay, Muon, held-out LM metrics, a stop on a
+non-finite loss, and atomic checkpoints."""
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -9,14 +10,19 @@ import evaluate
 import numpy as np
 import torch
 from transformers import Trainer, TrainingArguments
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 from transformers.utils import logging
 
+from ..atomic import commit_folder, remove_folder, writes_into
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback
 from .optim import DecayConfig, MuonAdamW, describe_groups, parameter_groups
 
 logger = logging.get_logger(__name__)
 METRIC_PATH = Path(__file__).parent / "lm_metrics" / "lm_metrics.py"
 _ADAMW = {"adamw_torch", "adamw_torch_fused"}
+# `checkpoint-N` is written as `.checkpoint-N.staging/checkpoint-N`: hidden from `checkpoint-*` globs until done.
+STAGING_SUFFIX = ".staging"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -101,6 +107,9 @@ class ScaleVecTrainer(Trainer):
         if kwargs.get("compute_metrics") is None and kwargs.get("eval_dataset") is not None:
             kwargs["compute_metrics"] = self._lm_metrics
             kwargs["preprocess_logits_for_metrics"] = token_nll
+        self._staging_run_dir: Path | None = None  # set while a checkpoint is being written (`_save_checkpoint`)
+        # `--resume-weights-only`: the checkpoint lacks optimizer or scheduler state, and both start afresh.
+        self.fresh_optimizer_on_resume = False
         super().__init__(*args, **kwargs)
         self.bytes_per_token = bytes_per_token
         if getattr(self.args, "scale_stats", True):
@@ -160,6 +169,64 @@ class ScaleVecTrainer(Trainer):
         return loss
 
     def _save_checkpoint(self, model, trial):
+        """Write `checkpoint-N` into a staging folder, flush it, then rename it into place: a `checkpoint-N` that
+        exists is complete, whenever the process is killed. The stock method does the writing, into the folder
+        that `_get_output_dir` names while `_staging_run_dir` is set."""
+        self._refuse_non_finite_weights(model)
+        run_dir = Path(super()._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging_run_dir = run_dir / f".{name}{STAGING_SUFFIX}"
+        if self.args.should_save:
+            shutil.rmtree(staging_run_dir, ignore_errors=True)  # left by a run killed while saving this step
+        self.accelerator.wait_for_everyone()  # every process writes its own RNG state into the staging folder
+        self._staging_run_dir = staging_run_dir
+        try:
+            with writes_into(staging_run_dir, named=run_dir / name):
+                super()._save_checkpoint(model, trial)
+                self._record_final_path(staging_run_dir / name, run_dir / name)
+        except BaseException:
+            shutil.rmtree(staging_run_dir, ignore_errors=True)
+            raise
+        finally:
+            self._staging_run_dir = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            with writes_into(run_dir, named=run_dir / name):
+                self._publish_checkpoint(staging_run_dir / name, run_dir / name)
+                os.rmdir(staging_run_dir)
+            self._rotate_checkpoints(run_dir)
+
+    def _get_output_dir(self, trial) -> str:
+        return str(self._staging_run_dir) if self._staging_run_dir is not None else super()._get_output_dir(trial)
+
+    def _record_final_path(self, staged: Path, final: Path) -> None:
+        # The stock method records the best checkpoint where it wrote it; record where it will be instead.
+        if self.state.best_model_checkpoint == str(staged):
+            self.state.best_model_checkpoint = str(final)
+            if self.args.should_save:
+                self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
+
+    @staticmethod
+    def _publish_checkpoint(staged: Path, final: Path) -> None:
+        if final.exists():  # the same step saved again, by a run resumed from an earlier checkpoint
+            remove_folder(final)
+        commit_folder(staged, final)
+
+    def _rotate_checkpoints(self, run_dir: Path) -> None:
+        """`save_total_limit` as the stock Trainer applies it (keep the newest and the best, delete the oldest),
+        by step rather than by time, as `--resume` picks; each deleted folder is first renamed out of sight, so a
+        kill while deleting leaves no half checkpoint."""
+        limit = self.args.save_total_limit
+        if not limit or limit <= 0:
+            return
+        checkpoints = [Path(path) for path in sort_checkpoints(str(run_dir))]
+        best = self.state.best_model_checkpoint
+        protected = {checkpoints[-1], *([Path(best)] if best else [])}
+        surplus = len(checkpoints) - max(limit, len(protected & set(checkpoints)))
+        for checkpoint in [path for path in checkpoints if path not in protected][: max(surplus, 0)]:
+            remove_folder(checkpoint)
+
+    def _refuse_non_finite_weights(self, model) -> None:
         # A finite loss does not make the update after it finite: never save overflowed weights as a checkpoint.
         parameters = [p.detach() for p in model.parameters()]
         if parameters and not torch.stack([torch.isfinite(p).all() for p in parameters]).all():
@@ -167,7 +234,10 @@ class ScaleVecTrainer(Trainer):
                 f"the weights became non-finite in the update of step {self.state.global_step}; training stopped "
                 f"without saving them, {self._last_checkpoint()}. Lower the learning rate or check the data."
             )
-        return super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if not self.fresh_optimizer_on_resume:  # the stock method would load an optimizer without its scheduler
+            super()._load_optimizer_and_scheduler(checkpoint)
 
     def _last_checkpoint(self) -> str:
         last = sorted(Path(self.args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))

@@ -1,0 +1,195 @@
+"""What `scalevec-train --resume` continues from. A checkpoint is judged by its content, not by its name, since
+folders written before checkpoints were atomic (or by other tools) may be partial: it is complete when its
+`trainer_state.json` parses, its weights are readable, and its optimizer and scheduler states are there.
+
+The newest complete checkpoint wins; newer incomplete ones are renamed `incomplete-checkpoint-N` (never deleted)
+so that neither `--resume` nor `save_total_limit` looks at them again."""
+
+import json
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+
+from .trainer import STAGING_SUFFIX
+
+SET_ASIDE_PREFIX = "incomplete-"
+WEIGHTS_ONLY_FLAG = "--resume-weights-only"
+_CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+# What an interrupted run leaves besides complete checkpoints: a folder holding only these has nothing to resume.
+_LEFTOVERS = (
+    f".{PREFIX_CHECKPOINT_DIR}-*{STAGING_SUFFIX}",
+    f".{PREFIX_CHECKPOINT_DIR}-*.deleting",
+    f".result{STAGING_SUFFIX}",
+)
+
+
+@dataclass
+class CheckpointContent:
+    path: Path
+    step: int = 0
+    max_steps: int = 0
+    broken: str | None = None  # why nothing can be resumed from it
+    missing: list[str] = field(default_factory=list)  # optimizer / scheduler states it lacks
+
+    @property
+    def complete(self) -> bool:
+        return self.broken is None and not self.missing
+
+    def problem(self) -> str:
+        return self.broken or f"{' and '.join(self.missing)} missing"
+
+
+def inspect_checkpoint(folder: Path) -> CheckpointContent:
+    content = CheckpointContent(folder)
+    try:
+        state = _read_state(folder / TRAINER_STATE_NAME)
+        content.step, content.max_steps = int(state["global_step"]), int(state.get("max_steps") or 0)
+        _check_weights(folder)
+        content.missing = [name for name in (OPTIMIZER_NAME, SCHEDULER_NAME) if not _state_present(folder, name)]
+    except _Unusable as reason:
+        content.broken = str(reason)
+    return content
+
+
+class _Unusable(Exception):
+    pass
+
+
+def _read_state(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _Unusable(f"{file.name} missing") from None
+    except (ValueError, UnicodeDecodeError):
+        raise _Unusable(f"{file.name} unreadable (empty or cut short)") from None
+
+
+def _check_weights(folder: Path) -> None:
+    if (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
+        index = _read_state(folder / SAFE_WEIGHTS_INDEX_NAME)
+        files = sorted({folder / name for name in index.get("weight_map", {}).values()})
+    elif (folder / SAFE_WEIGHTS_NAME).is_file():
+        files = [folder / SAFE_WEIGHTS_NAME]
+    elif (folder / WEIGHTS_NAME).is_file():
+        _check_torch_file(folder / WEIGHTS_NAME)
+        return
+    else:
+        raise _Unusable(f"no weights ({SAFE_WEIGHTS_NAME})")
+    for file in files:
+        try:
+            with safe_open(file, framework="pt"):  # checks the header against the file's size
+                pass
+        except (SafetensorError, OSError):
+            raise _Unusable(f"{file.name} unreadable (missing or cut short)") from None
+
+
+def _state_present(folder: Path, name: str) -> bool:
+    """A state file `torch.save` finished writing; sharded states (FSDP, DeepSpeed) are taken on their names."""
+    if (folder / name).is_file():
+        _check_torch_file(folder / name)
+        return True
+    stem = name.removesuffix(".pt")
+    return any(folder.glob(f"{stem}_*")) or (stem == "optimizer" and any(folder.glob("global_step*")))
+
+
+def _check_torch_file(file: Path) -> None:
+    # `torch.save` writes a zip archive whose directory comes last: a file cut short has none.
+    if not zipfile.is_zipfile(file):
+        raise _Unusable(f"{file.name} unreadable (empty or cut short)")
+
+
+def checkpoints_newest_first(output_dir: Path) -> list[CheckpointContent]:
+    folders = [path for path in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if _CHECKPOINT.match(path.name)]
+    folders.sort(key=lambda path: int(_CHECKPOINT.match(path.name).group(1)), reverse=True)
+    return [inspect_checkpoint(folder) for folder in folders]
+
+
+def refuse_without_state(checkpoint: CheckpointContent) -> None:
+    """Resuming without the optimizer or scheduler state would silently change the run: refuse unless asked."""
+    raise ValueError(
+        f"{checkpoint.path / checkpoint.missing[0]} is missing: resuming from {checkpoint.path.name} would restart "
+        f"the optimizer and the learning-rate schedule, so the losses would differ from an uninterrupted run; "
+        f"pass {WEIGHTS_ONLY_FLAG} to restart from its weights anyway"
+    )
+
+
+def check_explicit_checkpoint(folder: Path, weights_only: bool) -> CheckpointContent:
+    """`--resume-from-checkpoint DIR`: that checkpoint, or a clear refusal."""
+    checkpoint = inspect_checkpoint(folder)
+    if checkpoint.broken:
+        raise ValueError(f"--resume-from-checkpoint {folder}: cannot resume from it ({checkpoint.broken})")
+    if checkpoint.missing and not weights_only:
+        refuse_without_state(checkpoint)
+    return checkpoint
+
+
+def choose_checkpoint(output_dir: Path, weights_only: bool) -> CheckpointContent | None:
+    """The newest checkpoint to resume from (None: nothing was saved yet, start from step 0), after setting newer
+    incomplete ones aside. With `weights_only`, a checkpoint lacking optimizer or scheduler state qualifies."""
+    checkpoints = checkpoints_newest_first(output_dir)
+    usable = [c for c in checkpoints if c.complete or (weights_only and c.broken is None)]
+    if not usable:
+        without_state = [c for c in checkpoints if c.broken is None]
+        if without_state:
+            refuse_without_state(without_state[0])
+        if _holds_only_leftovers(output_dir, checkpoints):
+            _set_aside(checkpoints)
+            return None
+        raise ValueError(f"--resume: no checkpoint-* folder in {output_dir} holds a complete checkpoint")
+    chosen = usable[0]
+    _set_aside(checkpoints[: checkpoints.index(chosen)])  # the newer ones
+    return chosen
+
+
+def _holds_only_leftovers(output_dir: Path, checkpoints: list[CheckpointContent]) -> bool:
+    """True when `output_dir` holds only what an interrupted run leaves before its first complete save: then there
+    is nothing to lose by starting over. A folder with anything else in it may be the wrong folder."""
+    if not output_dir.exists():
+        return True
+    expected = {c.path for c in checkpoints} | {p for pattern in _LEFTOVERS for p in output_dir.glob(pattern)}
+    expected |= set(output_dir.glob(f"{SET_ASIDE_PREFIX}{PREFIX_CHECKPOINT_DIR}-*"))
+    return all(path in expected for path in output_dir.iterdir())
+
+
+def _set_aside(checkpoints: list[CheckpointContent]) -> None:
+    if not checkpoints:
+        return
+    moves = []
+    for checkpoint in checkpoints:
+        target = _free_name(checkpoint.path.with_name(SET_ASIDE_PREFIX + checkpoint.path.name))
+        checkpoint.path.rename(target)
+        moves.append(f"{checkpoint.path.name} ({checkpoint.problem()}) -> {target.name}")
+    print(f"scalevec-train: warning: set aside incomplete checkpoints, kept: {'; '.join(moves)}", flush=True)
+
+
+def _free_name(path: Path) -> Path:
+    candidate, number = path, 1
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.name}.{number}")
+    return candidate
+
+
+def remove_leftovers(output_dir: Path) -> None:
+    """Delete the staging and half-deleted folders of killed runs: hidden, and never a checkpoint."""
+    for pattern in _LEFTOVERS:
+        for folder in output_dir.glob(pattern):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def finished_step(output_dir: Path, max_steps: int) -> int | None:
+    """The last step of a run in `output_dir` that trained to its end and saved its result, else None. The final
+    `trainer_state.json` is written after the model: a readable one with the last step means the run finished."""
+    try:
+        state = _read_state(output_dir / TRAINER_STATE_NAME)
+    except _Unusable:
+        return None
+    step, target = int(state.get("global_step", 0)), max_steps if max_steps > 0 else int(state.get("max_steps", 0))
+    return step if target and step >= target else None

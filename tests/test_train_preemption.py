@@ -1,0 +1,253 @@
+"""`scalevec-train` on preemptible machines, run as real processes: a restarted run continues from its newest
+complete checkpoint with the uninterrupted run's losses, partial checkpoints are set aside (never deleted), a
+finished run trains nothing, and a full or read-only disk ends in one line naming the path."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from scalevec.atomic import remove_folder, rename_noreplace
+from scalevec.train.cli import main
+
+from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, train_argv
+
+CHECKPOINTING = ["--save-strategy", "steps", "--save-steps", "4", "--eval-every", "0", "--scale-preset", "standard"]
+STEPS = 8
+
+
+def argv(output: Path, *flags: str) -> list[str]:
+    return train_argv(output, *CHECKPOINTING, *flags, steps=STEPS)
+
+
+def start_training(output: Path, *flags: str) -> subprocess.Popen:
+    """`scalevec-train` as a process of its own, as a job scheduler starts it."""
+    command = [sys.executable, "-m", "scalevec.train.cli", *argv(output, *flags)]
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **SUBPROCESS_ENV},
+    )
+
+
+def messages(stream: str) -> list[str]:
+    """What scalevec-train itself said (not the warnings of the libraries it imports); never a traceback."""
+    assert "Traceback" not in stream, stream
+    return [line for line in stream.splitlines() if line.startswith("scalevec-train:")]
+
+
+def names_in(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir())
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """The uninterrupted run: 8 steps, checkpoints at 4 and 8, written atomically (no staging folder left)."""
+    output = tmp_path_factory.mktemp("straight") / "run"
+    assert main(argv(output)) == 0
+    assert [name for name in names_in(output) if "checkpoint" in name or name.startswith(".")] == [
+        "checkpoint-4",
+        "checkpoint-8",
+    ]
+    return output
+
+
+def assert_same_run(resumed: Path, straight: Path) -> None:
+    assert [entry["step"] for entry in log_history(resumed) if "loss" in entry] == list(range(1, STEPS + 1))
+    assert logged_losses(resumed) == pytest.approx(logged_losses(straight), abs=1e-5)
+    assert len(set(logged_losses(straight))) == STEPS  # the losses move: the comparison means something
+    expected, got = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5, msg=name)
+
+
+# Partial checkpoint-8 folders as a kill (or an older writer) leaves them, beside a complete checkpoint-4.
+def _no_state(folder: Path) -> None:
+    (folder / "trainer_state.json").unlink()
+
+
+def _empty_state(folder: Path) -> None:
+    (folder / "trainer_state.json").write_text("")
+
+
+def _no_optimizer(folder: Path) -> None:
+    (folder / "optimizer.pt").unlink()
+
+
+def _half_weights(folder: Path) -> None:
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+PARTIAL = {
+    "no state": (_no_state, "trainer_state.json missing"),
+    "empty state": (_empty_state, "trainer_state.json unreadable (empty or cut short)"),
+    "no optimizer": (_no_optimizer, "optimizer.pt missing"),
+    "weights half-written": (_half_weights, "model.safetensors unreadable (missing or cut short)"),
+}
+
+
+def run_with_partial_checkpoint(straight: Path, tmp_path: Path, case: str) -> Path:
+    """A copy of the straight run as a kill while saving checkpoint-8 leaves it: checkpoint-4, a partial
+    checkpoint-8, no final result."""
+    output = tmp_path / "run"
+    output.mkdir()
+    for name in ("checkpoint-4", "checkpoint-8"):
+        shutil.copytree(straight / name, output / name)
+    PARTIAL[case][0](output / "checkpoint-8")
+    return output
+
+
+@pytest.mark.parametrize("case", PARTIAL)
+def test_resume_sets_a_partial_checkpoint_aside_and_reproduces_the_straight_run(straight, tmp_path, case, capsys):
+    output = run_with_partial_checkpoint(straight, tmp_path, case)
+    partial_files = names_in(output / "checkpoint-8")
+    assert main(argv(output, "--resume", "true")) == 0
+    assert messages(capsys.readouterr().out) == [
+        "scalevec-train: warning: set aside incomplete checkpoints, kept: "
+        f"checkpoint-8 ({PARTIAL[case][1]}) -> incomplete-checkpoint-8"
+    ]
+    assert names_in(output / "incomplete-checkpoint-8") == partial_files  # kept as it was
+    assert_same_run(output, straight)
+    assert "checkpoint-8" in names_in(output)  # saved again, complete
+
+
+def test_missing_optimizer_state_is_refused_unless_weights_only(straight, tmp_path, capsys):
+    output = tmp_path / "run"
+    shutil.copytree(straight / "checkpoint-4", output / "checkpoint-4")
+    (output / "checkpoint-4" / "scheduler.pt").unlink()
+    assert main(argv(output, "--resume", "true")) == 1
+    assert messages(capsys.readouterr().err) == [
+        f"scalevec-train: error: {output / 'checkpoint-4' / 'scheduler.pt'} is missing: resuming from checkpoint-4 "
+        "would restart the optimizer and the learning-rate schedule, so the losses would differ from an "
+        "uninterrupted run; pass --resume-weights-only to restart from its weights anyway"
+    ]
+    assert names_in(output) == ["checkpoint-4"]
+
+    assert main(argv(output, "--resume", "true", "--resume-weights-only", "true")) == 0
+    assert messages(capsys.readouterr().out) == [
+        "scalevec-train: warning: checkpoint-4 lacks scheduler.pt: resuming from its weights with a fresh optimizer "
+        "and learning-rate schedule"
+    ]
+    losses, reference = logged_losses(output), logged_losses(straight)
+    assert losses[:5] == pytest.approx(reference[:5], abs=1e-5)  # step 5's loss comes before any new update
+    assert max(abs(a - b) for a, b in zip(losses[5:], reference[5:], strict=True)) > 1e-3  # a fresh optimizer
+
+
+def test_resume_of_a_finished_run_trains_nothing(straight, tmp_path, capsys):
+    output = tmp_path / "run"
+    shutil.copytree(straight, output)
+    before = {path.name: path.read_bytes() for path in output.iterdir() if path.is_file()}
+    assert main(argv(output, "--resume", "true")) == 0
+    assert messages(capsys.readouterr().out) == [
+        f"scalevec-train: the run in {output} already finished at step 8: nothing to train"
+    ]
+    assert {path.name: path.read_bytes() for path in output.iterdir() if path.is_file()} == before
+    assert names_in(output) == names_in(straight)
+
+
+def test_a_run_killed_after_its_last_checkpoint_saves_it_without_another_step(straight, tmp_path, capsys):
+    output = tmp_path / "run"
+    shutil.copytree(straight / "checkpoint-8", output / "checkpoint-8")
+    assert main(argv(output, "--resume", "true")) == 0
+    assert messages(capsys.readouterr().out) == [
+        f"scalevec-train: {output / 'checkpoint-8'} holds the last step: nothing to train, saving it as the result"
+    ]
+    assert_same_run(output, straight)
+
+
+def test_a_run_killed_during_a_save_resumes_as_if_never_stopped(straight, tmp_path):
+    """A real process killed (SIGKILL) while it writes its last checkpoint, restarted with the same command: the
+    staging folder is dropped and the run continues from checkpoint-4. The save is caught in the act where the
+    machine allows (it takes milliseconds); otherwise the kill lands just after it, and the restart must still
+    give the same run."""
+    output = tmp_path / "run"
+    process = start_training(output)
+    staging = output / ".checkpoint-8.staging"
+    while not staging.exists() and process.poll() is None:
+        time.sleep(0.0005)
+    process.kill()
+    process.communicate()
+    assert not (output / "trainer_state.json").exists(), "killed too late: the run had finished"
+    assert "checkpoint-4" in names_in(output)
+    restarted = start_training(output, "--resume", "true")
+    out, err = restarted.communicate(timeout=300)
+    assert restarted.returncode == 0, err[-3000:]
+    assert messages(err) == []
+    assert_same_run(output, straight)
+    assert not staging.exists()
+
+
+def test_a_kill_before_the_first_complete_save_restarts_from_scratch(straight, tmp_path, capsys):
+    """What an atomic save killed midway leaves: a hidden staging folder, which is no checkpoint."""
+    output = tmp_path / "run"
+    shutil.copytree(straight / "checkpoint-4", output / ".checkpoint-4.staging" / "checkpoint-4")
+    assert main(argv(output, "--resume", "true")) == 0
+    assert messages(capsys.readouterr().out) == [
+        f"scalevec-train: no checkpoint in {output} yet: training from step 0"
+    ]
+    assert_same_run(output, straight)
+    assert not (output / ".checkpoint-4.staging").exists()
+
+
+# --- OS errors ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 2 MiB tmpfs: a checkpoint's weights fit, its optimizer state (2.2 MB) does not."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def test_a_full_disk_during_a_checkpoint_says_no_space_and_leaves_nothing(small_tmpfs):
+    """torch.save reports a full disk as "unexpected pos ..."; the user reads the path and "no space"."""
+    output = small_tmpfs / "run"
+    process = start_training(output)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 1
+    assert messages(err) == [f"scalevec-train: error: {output / 'checkpoint-4'}: no space left on the device"]
+    assert names_in(small_tmpfs) == []
+
+
+def test_a_read_only_output_folder_is_named(small_tmpfs, capsys):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    output = small_tmpfs / "run"
+    assert main(argv(output)) == 1
+    assert messages(capsys.readouterr().err) == [f"scalevec-train: error: {output}: read-only file system"]
+
+
+# --- the primitives under it ------------------------------------------------------------------------------
+
+
+def test_rename_noreplace_never_replaces(tmp_path):
+    (tmp_path / "new").mkdir()
+    (tmp_path / "existing").mkdir()  # empty: a plain rename would replace it silently
+    with pytest.raises(FileExistsError):
+        rename_noreplace(tmp_path / "new", tmp_path / "existing")
+    assert names_in(tmp_path) == ["existing", "new"]
+    rename_noreplace(tmp_path / "new", tmp_path / "fresh")
+    assert names_in(tmp_path) == ["existing", "fresh"]
+
+
+def test_remove_folder_leaves_no_half_checkpoint(tmp_path):
+    folder = tmp_path / "checkpoint-4"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"x")
+    (tmp_path / ".checkpoint-4.deleting").mkdir()  # left by a process killed while deleting
+    remove_folder(folder)
+    assert names_in(tmp_path) == []
