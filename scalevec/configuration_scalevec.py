@@ -58,6 +58,22 @@ class ScaleVecConfig(PreTrainedConfig):
     model_type = "scalevec"
     keys_to_ignore_at_inference = ["cache", "aux_loss", "router_logits"]
     attribute_map = {"num_local_experts": "num_experts"}
+    # Llama's / Qwen3-MoE's plans: every projection is an `nn.Linear`. Row scales around a column-sharded map
+    # (`linear_scale` "out" or "both") span the whole output, so tensor parallelism takes the folded form.
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.q_norm": "replicated_with_grad_allreduce",
+        "layers.*.self_attn.k_norm": "replicated_with_grad_allreduce",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+        "layers.*.mlp.shared_expert.gate_proj": "colwise",
+        "layers.*.mlp.shared_expert.up_proj": "colwise",
+        "layers.*.mlp.shared_expert.down_proj": "rowwise",
+    }
     base_model_pp_plan = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
         "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),

@@ -74,38 +74,66 @@ class ScaleVecRMSNorm(ScaleVecScale):
         return hidden_states.to(input_dtype) if scale is None else scale * hidden_states.to(input_dtype)
 
 
+def _group_sizes(sorted_groups: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Rows per group of a sorted group index. `searchsorted`, not `bincount`: the output shape does not depend on
+    the data (torch.compile traces it), there is no host sync, and it is deterministic on GPUs, unlike `histc`."""
+    groups = torch.arange(num_groups, device=sorted_groups.device, dtype=sorted_groups.dtype)
+    ends = torch.searchsorted(sorted_groups, groups, right=True)
+    return ends.diff(prepend=ends.new_zeros(1))
+
+
 def _grouped_offsets(group_sizes: torch.Tensor) -> torch.Tensor:
     return group_sizes.cumsum(0).to(torch.int32)
 
 
 def _use_grouped_mm(*operands: torch.Tensor) -> bool:
-    # torch's grouped GEMM takes bf16 on CUDA and fp32/bf16 on CPU, and needs 16-byte aligned strides.
-    dtypes = (torch.bfloat16,) if operands[0].is_cuda else (torch.float32, torch.bfloat16)
+    # torch's grouped GEMM takes bf16 on CUDA and fp32/bf16 on CPU, and needs 16-byte aligned strides; its fake
+    # kernel (what torch.compile traces) takes bf16 only.
+    bf16_only = operands[0].is_cuda or torch.compiler.is_compiling()
+    dtypes = (torch.bfloat16,) if bf16_only else (torch.float32, torch.bfloat16)
     aligned = all(stride * t.element_size() % 16 == 0 for t in operands for stride in t.stride() if stride != 1)
     return hasattr(F, "grouped_mm") and operands[0].dtype in dtypes and aligned
 
 
+def _grouped_mm_loop(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """`F.grouped_mm` as one matmul per group: rows of `a` by `b[g]` (b 3-D), or `a[:, group] @ b[group]` (b 2-D)."""
+    out = _grouped_mm_shape(a, b, offs)
+    start = 0
+    for group, end in enumerate(offs.tolist()):
+        if b.ndim == 3:
+            torch.mm(a[start:end], b[group], out=out[start:end])
+        else:
+            torch.mm(a[:, start:end], b[start:end], out=out[group])
+        start = end
+    return out
+
+
+def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    shape = (a.shape[0], b.shape[-1]) if b.ndim == 3 else (offs.shape[0], a.shape[0], b.shape[-1])
+    return a.new_empty(shape)
+
+
+# An opaque operator, so that torch.compile never sees the loop's data-dependent group sizes. Each copy of this file
+# (the package, remote code) shares the first one's registration.
+if not hasattr(torch.ops.scalevec, "grouped_mm_loop"):
+    torch.library.custom_op("scalevec::grouped_mm_loop", _grouped_mm_loop, mutates_args=()).register_fake(
+        _grouped_mm_shape
+    )
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+    offs = _grouped_offsets(group_sizes)
+    return F.grouped_mm(a, b, offs=offs) if _use_grouped_mm(a, b) else torch.ops.scalevec.grouped_mm_loop(a, b, offs)
+
+
 def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
     """Rows of `x` sorted by group; group `g` is multiplied by `weight[g].T` (weight: (G, out, in))."""
-    weight_t = weight.transpose(-2, -1)
-    if _use_grouped_mm(x, weight_t):
-        return F.grouped_mm(x, weight_t, offs=_grouped_offsets(group_sizes))
-    sizes = group_sizes.tolist()
-    out = x.new_empty(x.shape[0], weight.shape[-2])
-    for chunk, w, dst in zip(x.split(sizes), weight_t, out.split(sizes)):
-        torch.mm(chunk, w, out=dst)
-    return out
+    return _grouped_mm(x, weight.transpose(-2, -1), group_sizes)
 
 
 def _grouped_weight_grad(grad: torch.Tensor, x: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
     """Per group `grad_g.T @ x_g`, shape (G, out, in)."""
-    if _use_grouped_mm(grad.T, x):
-        return F.grouped_mm(grad.T, x, offs=_grouped_offsets(group_sizes))
-    sizes = group_sizes.tolist()
-    out = x.new_empty(len(sizes), grad.shape[-1], x.shape[-1])
-    for g, chunk, dst in zip(grad.split(sizes), x.split(sizes), out):
-        torch.mm(g.T, chunk, out=dst)
-    return out
+    return _grouped_mm(grad.T, x, group_sizes)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -206,34 +234,96 @@ def _vector(scale: ScaleVecScale | None) -> torch.Tensor | None:
     return None if scale is None else scale.vector()
 
 
-class ScaleVecLinear(nn.Module):
-    """`y = b * (W (a * x))` without bias. A map that reads a normalised input gets its branch scale `a` from
-    `norm_scale="branch"`; any other map gets a column scale from `linear_scale`; every map gets a row scale `b`
-    from `linear_scale`, except where a neighbouring map's scale already multiplies the same features
+def _linear_scales(
+    in_features: int, out_features: int, config: ScaleVecConfig, reads_norm: bool, scaled_elsewhere: str
+) -> tuple[ScaleVecScale | None, ScaleVecScale | None]:
+    """The column and row scales around a block's linear map. A map that reads a normalised input gets its branch
+    scale from `norm_scale="branch"`; any other map gets a column scale from `linear_scale`; every map gets a row
+    scale from `linear_scale`, except where a neighbouring map's scale already multiplies the same features
     (`scaled_elsewhere`: "in" or "out"): two such vectors are one parameter stored twice."""
+    in_scaled = config.norm_scale == "branch" if reads_norm else config.linear_scale in ("in", "both")
+    in_scaled = in_scaled and scaled_elsewhere != "in"
+    # A single output row (the shared-expert gate) has no direction for a row scale to precondition.
+    out_scaled = config.linear_scale in ("out", "both") and out_features > 1 and scaled_elsewhere != "out"
+    in_scale = ScaleVecScale((in_features,), config.scale_param, "input") if in_scaled else None
+    out_scale = ScaleVecScale((out_features,), config.scale_param, "input") if out_scaled else None
+    return in_scale, out_scale
+
+
+class ScaleVecLinear(nn.Linear):
+    """A block's linear map `W`, a plain `nn.Linear` (its forward is `nn.Linear.forward`), with the scale vectors
+    around it: the block computes `y = b * (W (a * x))` through `project`. Keeping the scales outside the module's
+    forward is what lets libraries that wrap or replace `nn.Linear` layers (PEFT, torchao, quanto, tensor-parallel
+    plans) work unchanged: a LoRA delta lands inside the scales, next to `W`, so merging it into `W` is exact."""
 
     def __init__(
-        self, in_features: int, out_features: int, config: ScaleVecConfig, reads_norm: bool, scaled_elsewhere: str = ""
+        self,
+        in_features: int,
+        out_features: int,
+        config: ScaleVecConfig,
+        reads_norm: bool,
+        scaled_elsewhere: str = "",
     ):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        in_scaled = config.norm_scale == "branch" if reads_norm else config.linear_scale in ("in", "both")
-        in_scaled = in_scaled and scaled_elsewhere != "in"
-        # A single output row (the shared-expert gate) has no direction for a row scale to precondition.
-        out_scaled = config.linear_scale in ("out", "both") and out_features > 1 and scaled_elsewhere != "out"
-        self.in_scale = ScaleVecScale((in_features,), config.scale_param, "input") if in_scaled else None
-        self.out_scale = ScaleVecScale((out_features,), config.scale_param, "input") if out_scaled else None
+        super().__init__(in_features, out_features, bias=False)
+        self.in_scale, self.out_scale = _linear_scales(in_features, out_features, config, reads_norm, scaled_elsewhere)
 
-    def parts(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        return self.weight, _vector(self.in_scale), _vector(self.out_scale)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_outputs(x, self)[0]
+    def scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return _vector(self.in_scale), _vector(self.out_scale)
 
 
-def linear_outputs(x: torch.Tensor, *linears: ScaleVecLinear) -> tuple[torch.Tensor, ...]:
-    weights, in_scales, out_scales = zip(*(linear.parts() for linear in linears))
-    return scaled_linear(x, weights, in_scales, out_scales)
+def _unwrapped(module: nn.Module) -> nn.Module:
+    # PEFT's tuner layers (LoRA and the rest) keep the wrapped layer as their base layer
+    return module.get_base_layer() if hasattr(module, "get_base_layer") else module
+
+
+def _is_plain(module: nn.Module) -> bool:
+    """A ScaleVec projection that nothing wraps, hooks or quantizes (parametrizations, which swap the class for a
+    subclass and compute `weight`, are honoured by reading `weight`)."""
+    return (
+        isinstance(module, ScaleVecLinear)
+        and type(module.weight) in (torch.Tensor, nn.Parameter)
+        and not (module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module))
+    )
+
+
+def _call_scaled(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`b * module(a * x)`, whatever a library made of `module` (a replacement holds no scales: see
+    `ScaleVecProjections`)."""
+    base = _unwrapped(module)
+    if not isinstance(base, ScaleVecLinear):
+        return module(x)
+    in_scale, out_scale = base.scales()
+    y = module(x if in_scale is None else x * in_scale.to(x.dtype))
+    return y if out_scale is None else y * out_scale.to(y.dtype)
+
+
+def project(x: torch.Tensor, *modules: nn.Module) -> tuple[torch.Tensor, ...]:
+    """The outputs of several projections of one input, each with its scales. When every module is a plain
+    ScaleVec projection with scales, they run as one fused matmul with the scales folded into the weights on the
+    fly (see `_ScaledLinearFunction`); otherwise each module is called, so any wrapper or hook is honoured."""
+    if all(_is_plain(module) for module in modules):
+        scales = [module.scales() for module in modules]
+        if any(vector is not None for pair in scales for vector in pair):
+            in_scales, out_scales = zip(*scales)
+            return scaled_linear(x, [module.weight for module in modules], in_scales, out_scales)
+    return tuple(_call_scaled(module, x) for module in modules)
+
+
+class ScaleVecProjections(nn.Module):
+    """A module holding ScaleVec projections. Libraries that replace `nn.Linear` layers with their own (quanto,
+    serving engines) keep the weight and drop the scale vectors around it, which would change the model silently:
+    such a replacement is refused, and wrappers that keep the projection as their base layer (PEFT) are welcome."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        current = _unwrapped(self._modules[name]) if name in self.__dict__.get("_modules", {}) else None
+        scaled = isinstance(current, ScaleVecLinear) and (current.in_scale or current.out_scale) is not None
+        if scaled and not isinstance(_unwrapped(value), ScaleVecLinear):
+            raise ValueError(
+                f"Replacing the ScaleVec projection `{name}` with {type(value).__name__} would drop its scale "
+                "vectors and change the model. Fold the scales into the weights first (`scalevec-convert fold`, "
+                "or load the folded checkpoint), then quantize or convert the folded model."
+            )
+        super().__setattr__(name, value)
 
 
 class ScaleVecRotaryEmbedding(nn.Module):
@@ -273,7 +363,7 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
 
 
-class ScaleVecMLP(nn.Module):
+class ScaleVecMLP(ScaleVecProjections):
     def __init__(self, config: ScaleVecConfig, intermediate_size: int):
         super().__init__()
         self.intermediate_size = intermediate_size
@@ -285,20 +375,26 @@ class ScaleVecMLP(nn.Module):
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x):
-        gate, up = linear_outputs(x, self.gate_proj, self.up_proj)
-        return self.down_proj(self.act_fn(gate) * up)
+        gate, up = project(x, self.gate_proj, self.up_proj)
+        return project(self.act_fn(gate) * up, self.down_proj)[0]
 
 
-class ScaleVecTopKRouter(ScaleVecLinear):
-    """Softmax router in fp32, top-k, optional renormalisation: the Qwen3-MoE / Mixtral semantics."""
+class ScaleVecTopKRouter(nn.Module):
+    """Softmax router in fp32, top-k, optional renormalisation: the Qwen3-MoE / Mixtral semantics. Like theirs, a
+    module with a `weight` rather than an `nn.Linear`, so that libraries adapting linear layers leave it alone."""
 
     def __init__(self, config: ScaleVecConfig):
-        super().__init__(config.hidden_size, config.num_experts, config, reads_norm=True)
+        super().__init__()
         self.top_k = config.num_experts_per_tok
         self.norm_topk_prob = config.norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
+        self.in_scale, self.out_scale = _linear_scales(
+            config.hidden_size, config.num_experts, config, reads_norm=True, scaled_elsewhere=""
+        )
 
     def forward(self, hidden_states):
-        router_logits = linear_outputs(hidden_states, self)[0]
+        in_scale, out_scale = _vector(self.in_scale), _vector(self.out_scale)
+        (router_logits,) = scaled_linear(hidden_states, (self.weight,), (in_scale,), (out_scale,))
         router_probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
         top_k_weights, top_k_index = torch.topk(router_probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
@@ -332,7 +428,7 @@ class ScaleVecExperts(nn.Module):
         flat_index = top_k_index.reshape(-1)
         order = flat_index.argsort(stable=True)
         token_index = order // top_k_index.shape[-1]
-        group_sizes = torch.bincount(flat_index, minlength=self.num_experts)
+        group_sizes = _group_sizes(flat_index[order], self.num_experts)
         gate_up = self.gate_up_proj.unflatten(1, (2, self.intermediate_size))
         (hidden,) = scaled_linear(
             hidden_states[token_index],
@@ -351,7 +447,7 @@ class ScaleVecExperts(nn.Module):
         return hidden[inverse].view(*top_k_index.shape, -1).sum(dim=1).to(hidden_states.dtype)
 
 
-class ScaleVecSparseMoeBlock(nn.Module):
+class ScaleVecSparseMoeBlock(ScaleVecProjections):
     def __init__(self, config: ScaleVecConfig):
         super().__init__()
         self.gate = ScaleVecTopKRouter(config)
@@ -366,7 +462,7 @@ class ScaleVecSparseMoeBlock(nn.Module):
         _, top_k_weights, top_k_index = self.gate(hidden_states_flat)
         output = self.experts(hidden_states_flat, top_k_index, top_k_weights)
         if self.shared_expert is not None:
-            shared_gate = torch.sigmoid(self.shared_expert_gate(hidden_states_flat))
+            shared_gate = torch.sigmoid(project(hidden_states_flat, self.shared_expert_gate)[0])
             output = output + shared_gate * self.shared_expert(hidden_states_flat)
         return output.reshape(hidden_states.shape)
 
@@ -400,7 +496,7 @@ def eager_attention_forward(
     return attn_output, attn_weights
 
 
-class ScaleVecAttention(nn.Module):
+class ScaleVecAttention(ScaleVecProjections):
     """GQA with RoPE; q, k and v run as one matmul whatever their scales. Optional per-head QK-norm (Qwen3)."""
 
     def __init__(self, config: ScaleVecConfig, layer_idx: int):
@@ -433,7 +529,7 @@ class ScaleVecAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        query_states, key_states, value_states = linear_outputs(hidden_states, self.q_proj, self.k_proj, self.v_proj)
+        query_states, key_states, value_states = project(hidden_states, self.q_proj, self.k_proj, self.v_proj)
         query_states = self.q_norm(query_states.view(hidden_shape)).transpose(1, 2)
         key_states = self.k_norm(key_states.view(hidden_shape)).transpose(1, 2)
         value_states = value_states.view(hidden_shape).transpose(1, 2)
@@ -456,7 +552,7 @@ class ScaleVecAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )
-        attn_output = self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
+        (attn_output,) = project(attn_output.reshape(*input_shape, -1).contiguous(), self.o_proj)
         return attn_output, attn_weights
 
 
@@ -512,6 +608,7 @@ class ScaleVecPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["ScaleVecDecoderLayer"]
+    _can_compile_fullgraph = True
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -528,7 +625,7 @@ class ScaleVecPreTrainedModel(PreTrainedModel):
         if isinstance(module, ScaleVecScale):
             for parameter in module.parameters(recurse=False):
                 init.ones_(parameter)
-        elif isinstance(module, ScaleVecLinear):
+        elif isinstance(module, ScaleVecTopKRouter):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, ScaleVecExperts):
             init.normal_(module.gate_up_proj, mean=0.0, std=std)
