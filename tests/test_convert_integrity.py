@@ -182,3 +182,16 @@ def test_an_index_that_points_outside_the_folder_is_refused(tmp_path, capsys, ou
     index_file.write_text(json.dumps(index))
     argv = ["export", str(tmp_path / "src"), str(tmp_path / "out"), "--to", "llama"]
     refused(argv, tmp_path / "src", capsys, str(index_file), repr(escaping), "outside the checkpoint folder")
+
+
+@pytest.mark.parametrize(
+    "file, content, message",
+    [
+        ("config.json", "[1, 2]", "config.json holds a JSON list, not an object"),
+        ("model.safetensors.index.json", '{"weight_map": {"lm_head.weight": 3}}', "must name a file"),
+    ],
+)
+def test_json_of_the_wrong_shape_is_named(tmp_path, capsys, file, content, message):
+    saved_scalevec(tmp_path / "src", tiny_config())
+    (tmp_path / "src" / file).write_text(content)
+    refused(["inspect", str(tmp_path / "src")], tmp_path / "src", capsys, str(tmp_path / "src" / file), message)

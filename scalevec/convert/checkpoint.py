@@ -104,9 +104,12 @@ def _read_json(file: Path) -> dict:
     if not file.is_file():
         raise CheckpointError(f"{file} does not exist")
     try:
-        return json.loads(file.read_text())
+        content = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{file} is not readable JSON: {error}") from error
+    if not isinstance(content, dict):
+        raise CheckpointError(f"{file} holds a JSON {type(content).__name__}, not an object")
+    return content
 
 
 def _index_tensors(folder: Path) -> dict[str, TensorInfo]:
@@ -123,6 +126,8 @@ def _tensors_of_index(index_file: Path) -> dict[str, TensorInfo]:
     weight_map = _read_json(index_file).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index_file} has no weight_map")
+    if not all(isinstance(file_name, str) for file_name in weight_map.values()):
+        raise CheckpointError(f"{index_file}: every weight_map entry must name a file")
     tensors: dict[str, TensorInfo] = {}
     for file_name in sorted(set(weight_map.values())):
         if not _inside_folder(file_name):

@@ -170,7 +170,7 @@ def _convert_unit(job: _Job, unit: str, source: Tensors) -> tuple[Tensors, dict[
     return output, {name: origin[id(tensor)] for name, tensor in output.items() if id(tensor) in origin}
 
 
-def check_finite(checkpoint: Checkpoint, tensors: Tensors, allow_nonfinite: bool = False) -> None:
+def _check_finite(checkpoint: Checkpoint, tensors: Tensors, allow_nonfinite: bool = False) -> None:
     """Refuse (`CheckpointError`) tensors of `checkpoint` that hold NaN or Inf, naming the first and its count;
     with `allow_nonfinite`, only warn. The verification alone would miss a NaN in an embedding row or an expert
     that its random tokens never reach."""
@@ -301,7 +301,7 @@ def _write(job: _Job, folder: Path, dtype: torch.dtype, max_shard_bytes: int, *,
     with ShardedWriter(folder, job.plan, dtype, max_shard_bytes) as writer:
         for unit, names in job.source.units.items():
             source = checkpoint.read(names)
-            check_finite(checkpoint, source, allow_nonfinite)
+            _check_finite(checkpoint, source, allow_nonfinite)
             writer.write(*_convert_unit(job, unit, source))
         writer.close()
     write_config(folder, job.target, job.output_config, dtype)
