@@ -2,7 +2,8 @@
 into the output format, and stream it into a staged folder that is verified and then renamed into place.
 
 Everything that can be refused is refused before the staging folder exists: an unreadable source, tensors that do
-not match the source's config, a target format that cannot express the model.
+not match the source's config, a target format that cannot express the model. Only NaN or Inf values, which take
+reading every value to find, are refused as the tensors stream; the staging folder is removed then.
 """
 
 import logging
@@ -170,7 +171,7 @@ def _convert_unit(job: _Job, unit: str, source: Tensors) -> tuple[Tensors, dict[
     return output, {name: origin[id(tensor)] for name, tensor in output.items() if id(tensor) in origin}
 
 
-def _check_finite(checkpoint: Checkpoint, tensors: Tensors, allow_nonfinite: bool = False) -> None:
+def _check_finite(checkpoint: Checkpoint, tensors: Tensors, allow_nonfinite: bool) -> None:
     """Refuse (`CheckpointError`) tensors of `checkpoint` that hold NaN or Inf, naming the first and its count;
     with `allow_nonfinite`, only warn. The verification alone would miss a NaN in an embedding row or an expert
     that its random tokens never reach."""
