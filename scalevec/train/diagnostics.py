@@ -39,7 +39,8 @@ def flat_log(stats: dict[str, dict[int, dict[str, float]]]) -> dict[str, float]:
 
 class ScaleStatsCallback(TrainerCallback):
     """Adds per-site scale statistics to every training log (so every logger the Trainer reports to gets them)
-    and, at the end, writes `scale_vectors.png` with the loss curves and the per-layer statistics."""
+    and, at the end of training and again after each evaluation that follows it, writes `scale_vectors.png` with
+    the loss curves and the per-layer statistics."""
 
     def __init__(self):
         self.training_ended = False
