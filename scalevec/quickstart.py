@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .atomic import describe_os_error
 from .convert.card import card_writer
 from .convert.errors import ConversionError
 from .convert.pipeline import OutputOptions, export_checkpoint
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         run(args.output_dir, train_flags)
     except (ValueError, NonFiniteLossError, ConversionError, RuntimeError) as error:
         print(f"scalevec-quickstart: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"scalevec-quickstart: error: {describe_os_error(error)}", file=sys.stderr)
         return 1
     return 0
 

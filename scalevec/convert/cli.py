@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from transformers.utils import logging as transformers_logging
 
+from ..atomic import describe_os_error
 from ..configuration_scalevec import SCALE_FIELDS, SCALE_PRESETS
 from .card import card_writer
 from .errors import ConversionError
@@ -265,6 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
         if isinstance(error, ConversionError):
             print(f"scalevec-convert: error: {error}", file=sys.stderr)
+            return 1
+        if isinstance(error, OSError):  # a folder the user cannot read, say
+            print(f"scalevec-convert: error: {describe_os_error(error)}", file=sys.stderr)
             return 1
         raise
 

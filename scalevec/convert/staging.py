@@ -6,7 +6,11 @@ into place only when the caller commits; until then the destination is untouched
   notices the converter's end through a pipe and does the same cleanup. If both are killed at once (e.g. a whole
   container), the staging folder remains, named `.<destination>.scalevec-convert-<id>.tmp`, with an unlocked lock
   file `.<destination>.scalevec-convert-<id>.lock`; the next conversion into the same parent folder removes it.
-- A partial destination can never appear: the destination only ever comes into being by one `rename`.
+- A partial destination can never appear: the destination only ever comes into being by one `rename`, after its
+  files were flushed to the disk, and that rename never replaces anything (`rename_noreplace`): a destination that
+  appears meanwhile, from another conversion say, is left as it is and this one fails.
+- A failed write (no space, a read-only or forbidden folder) is reported as the destination's, not as the name of
+  an internal file.
 """
 
 import fcntl
@@ -17,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..atomic import describe_os_error, explain_write_failure, fsync_path, fsync_tree, rename_noreplace
 from . import recovery
 from .errors import TargetError
 
@@ -30,17 +35,18 @@ class StagedFolder:
         self.destination = Path(destination).absolute()
         self.overwrite = overwrite
         check_destination(self.destination, overwrite)
-        stem = f".{self.destination.name}.{MARK}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._stem = f".{self.destination.name}.{MARK}-{os.getpid()}-{secrets.token_hex(4)}"
         parent = self.destination.parent
-        self.path, self.backup, self.lock = parent / f"{stem}.tmp", parent / f"{stem}.old", parent / f"{stem}.lock"
+        self.path, self.backup = parent / f"{self._stem}.tmp", parent / f"{self._stem}.old"
+        self.lock = parent / f"{self._stem}.lock"
         self._lock_file = self._watchdog = None
         self.committed = False
 
     def __enter__(self) -> "StagedFolder":
         try:
             self._start()
-        except BaseException:
-            self.__exit__()
+        except BaseException as error:
+            self.__exit__(type(error), error, error.__traceback__)
             raise
         return self
 
@@ -64,21 +70,46 @@ class StagedFolder:
         )
 
     def commit(self) -> None:
-        """Move the staging folder into place (replacing an old destination if `overwrite`)."""
+        """Move the staging folder into place (replacing an old destination if `overwrite`), durably."""
         check_destination(self.destination, self.overwrite)
-        if self.destination.exists():
+        fsync_tree(self.path)
+        if self.overwrite and self.destination.exists():
             os.rename(self.destination, self.backup)
-        os.rename(self.path, self.destination)
+        try:
+            rename_noreplace(self.path, self.destination)
+        except FileExistsError:
+            raise TargetError(
+                f"{self.destination} appeared while this output was being written (another conversion?); it was "
+                "left as it is and nothing was written"
+            ) from None
         self.committed = True
+        fsync_path(self.destination.parent)
         shutil.rmtree(self.backup, ignore_errors=True)
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, exc_type=None, error=None, traceback=None) -> None:
         recovery.recover(str(self.path), str(self.backup), str(self.destination), str(self.lock))
         if self._lock_file is not None:
             self._lock_file.close()
         if self._watchdog is not None:
             self._watchdog.stdin.close()
             self._watchdog.wait()
+        if error is not None:
+            self._raise_as_output_error(error)
+
+    def _raise_as_output_error(self, error: BaseException) -> None:
+        """A failed write into the staging folder is the destination's failure: say so, with the cause."""
+        cause = explain_write_failure(error, self.destination.parent)
+        if cause is not None and self._is_ours(cause.filename):
+            message = describe_os_error(cause, self.destination)
+            raise TargetError(f"cannot write {message}; nothing was written") from error
+
+    def _is_ours(self, filename: str | None) -> bool:
+        """Whether a failing path is the output's: the staging files, the destination, or a folder above it."""
+        if filename is None:
+            return True
+        path = Path(filename).absolute()
+        staged = path.parent == self.destination.parent and path.name.startswith(self._stem)
+        return staged or self.path in path.parents or path == self.destination or path in self.destination.parents
 
 
 def check_destination(destination: Path, overwrite: bool) -> None:

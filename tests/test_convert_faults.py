@@ -1,0 +1,84 @@
+"""The converter's outputs survive faults a user can cause: a full or read-only disk ends in one line naming the
+destination with nothing left behind, and two conversions racing for one destination never replace each other."""
+
+import subprocess
+
+import pytest
+from safetensors import safe_open
+
+from scalevec.convert import TargetError, fold_checkpoint
+from scalevec.convert import staging as staging_module
+from scalevec.convert.cli import main
+
+from ._helpers import saved_scalevec, tiny_config
+from .test_convert_safety import _medium_source, _start_export, names_in
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 1 MiB tmpfs: the medium source's export (several MB) does not fit."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def convert_errors(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr
+    return [line for line in stderr.splitlines() if line.startswith("scalevec-convert:")]
+
+
+def test_a_full_disk_names_the_destination_and_leaves_nothing(tmp_path, tmpfs, capsys):
+    _medium_source(tmp_path / "src")
+    destination = tmpfs / "out"
+    assert main(["export", str(tmp_path / "src"), str(destination), "--to", "llama", "-q"]) == 1
+    assert convert_errors(capsys.readouterr().err) == [
+        f"scalevec-convert: error: cannot write {destination}: no space left on the device; nothing was written"
+    ]
+    assert names_in(tmpfs) == []
+
+
+def test_a_read_only_destination_is_named(tmp_path, tmpfs, capsys):
+    saved_scalevec(tmp_path / "src", tiny_config())
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    destination = tmpfs / "out"
+    assert main(["fold", str(tmp_path / "src"), str(destination), "-q"]) == 1
+    assert convert_errors(capsys.readouterr().err) == [
+        f"scalevec-convert: error: cannot write {destination}: read-only file system; nothing was written"
+    ]
+
+
+def test_a_destination_appearing_during_the_commit_is_never_replaced(tmp_path, monkeypatch):
+    """Another process creates the destination between the commit's check and its rename (here: while the
+    staging folder is being flushed); the commit fails and leaves that output as it is."""
+    saved_scalevec(tmp_path / "src", tiny_config())
+    flush = staging_module.fsync_tree
+
+    def flush_then_race(folder):
+        flush(folder)
+        (tmp_path / "out").mkdir()  # an empty folder: a plain rename would replace it silently
+        (tmp_path / "out" / "theirs.txt").write_text("the other output")
+
+    monkeypatch.setattr(staging_module, "fsync_tree", flush_then_race)
+    with pytest.raises(TargetError, match="appeared while this output was being written"):
+        fold_checkpoint(tmp_path / "src", tmp_path / "out")
+    assert names_in(tmp_path / "out") == ["theirs.txt"]
+    assert names_in(tmp_path) == ["out", "src"]
+
+
+def test_two_exports_racing_for_one_destination(tmp_path):
+    """Two real processes, no --overwrite: exactly one writes the destination, the other fails cleanly, and the
+    written output is whole (every tensor readable)."""
+    _medium_source(tmp_path / "src")
+    racers = [_start_export(tmp_path / "src", tmp_path / "out") for _ in range(2)]
+    results = [(racer.wait(timeout=300), racer.communicate()[1]) for racer in racers]
+    assert sorted(code for code, _ in results) == [0, 1], results
+    (loser_errors,) = [convert_errors(err) for code, err in results if code == 1]
+    assert len(loser_errors) == 1
+    assert "already exists; pass --overwrite" in loser_errors[0] or "appeared while" in loser_errors[0]
+    assert names_in(tmp_path) == ["out", "src"]
+    with safe_open(tmp_path / "out" / "model.safetensors", framework="pt") as weights:
+        assert all(weights.get_tensor(name).numel() for name in weights.keys())  # noqa: SIM118
