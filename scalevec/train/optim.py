@@ -1,11 +1,14 @@
 """Role-aware parameter groups and the optimizers built on them: AdamW, and Muon for hidden matrices with AdamW
 for everything else, as one `torch.optim.Optimizer` so that transformers' schedulers drive both."""
 
+import itertools
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim.adam import adam
 
 from ..modeling_scalevec import ScaleVecExperts, ScaleVecLinear, ScaleVecTopKRouter
@@ -103,6 +106,22 @@ def newton_schulz(matrix: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype
     return x.mT if transposed else x
 
 
+def orthogonalise_on_one_rank(
+    update: DTensor, owner: int, orthogonalise: Callable[[torch.Tensor], torch.Tensor]
+) -> DTensor:
+    """`orthogonalise` a sharded matrix (FSDP2's DTensor) whole: gathered once, orthogonalised on rank `owner` of
+    its mesh, and scattered back as shards of the same placement. Two collectives per matrix, where DTensor itself
+    would redistribute inside every Newton–Schulz matmul ("Muon is Scalable"; torchtitan)."""
+    mesh = update.device_mesh
+    full = update.full_tensor()
+    if mesh.ndim != 1:  # e.g. HSDP's (replicate, shard): no single source rank to scatter from, so every rank works
+        return distribute_tensor(orthogonalise(full).to(full.dtype), mesh, update.placements, src_data_rank=None)
+    owner %= mesh.size()
+    if mesh.get_local_rank() == owner:
+        full = orthogonalise(full).to(full.dtype)
+    return distribute_tensor(full, mesh, update.placements, src_data_rank=owner)
+
+
 def muon_lr_ratio(shape: torch.Size, adjust_lr_fn: str | None) -> float:
     rows, cols = shape[-2:]
     if adjust_lr_fn == "match_rms_adamw":
@@ -113,7 +132,11 @@ def muon_lr_ratio(shape: torch.Size, adjust_lr_fn: str | None) -> float:
 class MuonAdamW(torch.optim.Optimizer):
     """Muon on groups marked `muon` (2-D matrices; 3-D expert stacks orthogonalised expert by expert), AdamW on the
     rest. Muon follows `torch.optim.Muon`: Nesterov momentum, Newton–Schulz (bf16 on GPUs), decoupled weight decay
-    `p *= 1 - lr * wd`, learning rate scaled by the matrix shape (`adjust_lr_fn`)."""
+    `p *= 1 - lr * wd`, learning rate scaled by the matrix shape (`adjust_lr_fn`).
+
+    Under FSDP2 (DTensor parameters) momentum and weight decay stay on the shards; each matrix (an expert stack as
+    one) is orthogonalised whole by one rank, the matrices dealt round-robin over the ranks
+    (`orthogonalise_on_one_rank`)."""
 
     def __init__(
         self,
@@ -149,24 +172,33 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        owners = itertools.count()  # the same sequence on every rank: each matrix has one owner everywhere
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if group["muon"]:
-                self._muon_step(group, params)
+                self._muon_step(group, params, owners)
             else:
                 self._adamw_step(group, params)
         return loss
 
-    def _muon_step(self, group, params):
+    def _muon_step(self, group, params, owners: Iterator[int]):
         lr, momentum = group["lr"], group["momentum"]
         for p in params:
             state = self.state[p]
             buffer = state.setdefault("momentum_buffer", torch.zeros_like(p.grad))
             buffer.lerp_(p.grad, 1 - momentum)
             update = p.grad.lerp(buffer, momentum) if group["nesterov"] else buffer
-            update = newton_schulz(update, group["ns_steps"], dtype=self.ns_dtype).to(p.dtype)
+            update = self._orthogonalise(update, group["ns_steps"], owners).to(p.dtype)
             p.mul_(1 - lr * group["weight_decay"])
             p.add_(update, alpha=-lr * muon_lr_ratio(p.shape, group["adjust_lr_fn"]))
+
+    def _orthogonalise(self, update: torch.Tensor, steps: int, owners: Iterator[int]) -> torch.Tensor:
+        def orthogonalise(matrix: torch.Tensor) -> torch.Tensor:
+            return newton_schulz(matrix, steps, dtype=self.ns_dtype)
+
+        if isinstance(update, DTensor):
+            return orthogonalise_on_one_rank(update, next(owners), orthogonalise)
+        return orthogonalise(update)
 
     def _adamw_step(self, group, params):
         if not params:
