@@ -2,6 +2,7 @@
 
 import itertools
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -185,6 +186,20 @@ def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 
 
 
 # --- pretraining (scalevec/train) ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrun(*args: str, nproc: int = 2, timeout: int = 240) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node nproc ARGS` on loopback (gloo on CPUs), finished, failed or not."""
+    launch = "import sys\nfrom torch.distributed.run import main\nmain(sys.argv[1:])\n"
+    rendezvous = ("--master_addr", "127.0.0.1", "--master_port", str(free_port()))
+    return run_python(launch, "--nproc_per_node", str(nproc), *rendezvous, *args, timeout=timeout)
+
 
 TINY_TRAIN_OVERRIDES = (
     '{"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, '

@@ -4,7 +4,6 @@ diagnostics, resuming, two-process DDP, and bad inputs."""
 import json
 import math
 import shutil
-import socket
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from scalevec.train import ablate, default_tokenizer
 from scalevec.train.cli import main
 from scalevec.train.diagnostics import flat_log, scale_statistics
 
-from ._helpers import log_history, logged_losses, run_python, train_argv
+from ._helpers import log_history, logged_losses, run_torchrun, train_argv
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STATS = ("mean", "std", "min", "max", "anisotropy")
@@ -98,22 +97,14 @@ def test_resume_reproduces_the_straight_run(tmp_path):
     assert direct and all(key.rsplit("/", 1)[1] in STATS for key in direct)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_process_ddp_matches_one_process(tmp_path):
     """torchrun with 2 CPU processes (gloo), 2 blocks each, against one process with 4 blocks per step: the same
     blocks per step (the seeded sampler, split across ranks), so the same losses up to the order of the float
     reductions (gloo's all-reduce sums two half-batch gradients; ~1e-7 relative per step over 4 Adam steps)."""
     common = ["--eval-every", "0", "--scale-stats", "false", "--max-documents", "200"]
     ddp, single = tmp_path / "ddp", tmp_path / "single"
-    launch = "import sys\nfrom torch.distributed.run import main\nmain(sys.argv[1:])\n"
-    torchrun = ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
     module = ["-m", "scalevec.train.cli", *train_argv(ddp, *common, "--per-device-train-batch-size", "2", steps=4)]
-    result = run_python(launch, *torchrun, *module, timeout=240)
+    result = run_torchrun(*module)
     assert result.returncode == 0, result.stderr[-3000:]
     assert main(train_argv(single, *common, steps=4)) == 0  # 4 blocks per device, one device
     parallel, alone = log_history(ddp), log_history(single)
