@@ -3,6 +3,7 @@ from a real `ScaleVecTrainer`."""
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -162,17 +163,26 @@ def hand_newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("sharding", ["is_fsdp_enabled", "is_deepspeed_enabled"])
-def test_muon_is_refused_when_matrices_are_sharded(sharding, tmp_path):
-    """FSDP / ZeRO cannot start on this CPU machine; the Trainer records them in these flags (from accelerate's
+def test_muon_is_refused_when_matrices_are_flattened(sharding, tmp_path):
+    """FSDP1 / ZeRO cannot start on this CPU machine; the Trainer records them in these flags (from accelerate's
     state), which is what the guard reads. AdamW stays allowed."""
     model = ScaleVecForCausalLM(tiny_config())
     trainer = tiny_trainer(model, tmp_path, optim="muon")
     setattr(trainer, sharding, True)
-    with pytest.raises(ValueError, match="--optim muon orthogonalises whole matrices, which FSDP and DeepSpeed"):
+    with pytest.raises(ValueError, match="--optim muon orthogonalises whole matrices, which FSDP1 and DeepSpeed"):
         trainer.create_optimizer()
     adamw = tiny_trainer(model, tmp_path, optim="adamw_torch")
     setattr(adamw, sharding, True)
     assert isinstance(adamw.create_optimizer(), torch.optim.AdamW)
+
+
+def test_muon_is_allowed_with_fsdp2(tmp_path, monkeypatch):
+    """accelerate's FSDP2 plugin (`fsdp_version: 2`) keeps matrices whole per rank shard (DTensors), which
+    `MuonAdamW` gathers: tests/test_distributed.py runs it in two processes."""
+    trainer = tiny_trainer(ScaleVecForCausalLM(tiny_config()), tmp_path, optim="muon")
+    trainer.is_fsdp_enabled = True
+    monkeypatch.setattr(trainer.accelerator, "state", SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=2)))
+    assert isinstance(trainer.create_optimizer(), MuonAdamW)
 
 
 @pytest.mark.parametrize("shape", [(24, 16), (16, 24)])
