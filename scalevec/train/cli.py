@@ -18,9 +18,9 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import enable_full_determinism, set_seed
 
 from ..atomic import describe_os_error, fsync_tree, write_text_atomically, writes_into
-from ..configuration_scalevec import ScaleVecConfig
+from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..modeling_scalevec import ScaleVecForCausalLM
-from ..convert.card import RUN_PICTURE
+from ..run_records import RUN_PICTURE
 from .corpus import default_tokenizer
 from .data import DataArguments, build_datasets
 from .presets import MODEL_SIZES
@@ -78,7 +78,7 @@ def build_model_config(args: ModelArguments, tokenizer) -> ScaleVecConfig:
         bos_token_id=tokenizer.bos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    for name in ("norm_scale", "linear_scale", "scale_param", "qk_norm"):
+    for name in (*SCALE_FIELDS, "qk_norm"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     fields.update(json.loads(args.config_overrides or "{}"))
