@@ -2,6 +2,7 @@
 complete checkpoint with the uninterrupted run's losses, partial checkpoints are set aside (never deleted), a
 finished run trains nothing, and a full or read-only disk ends in one line naming the path."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -197,6 +198,26 @@ def test_a_kill_before_the_first_complete_save_restarts_from_scratch(straight, t
     ]
     assert_same_run(output, straight)
     assert not (output / ".checkpoint-4.staging").exists()
+
+
+def test_rotation_keeps_the_best_and_the_newest_checkpoint_under_their_final_names(tmp_path):
+    """`save_total_limit` and `best_model_checkpoint` see the checkpoints where they end up, not where they were
+    staged: the best one survives rotation and is the one loaded at the end."""
+    output = tmp_path / "run"
+    flags = ["--save-strategy", "steps", "--save-steps", "2", "--eval-strategy", "steps", "--eval-steps", "2"]
+    flags += ["--save-total-limit", "1", "--load-best-model-at-end", "true", "--metric-for-best-model", "loss"]
+    flags += ["--greater-is-better", "true"]  # the "best" is the first checkpoint: it must outlive three rotations
+    assert main(train_argv(output, *flags, steps=STEPS)) == 0
+    state = json.loads((output / "trainer_state.json").read_text())
+    evals = {entry["step"]: entry["eval_loss"] for entry in state["log_history"] if "eval_loss" in entry}
+    best_step = max(evals, key=evals.get)
+    assert best_step == 2
+    assert state["best_model_checkpoint"] == str(output / f"checkpoint-{best_step}")
+    assert [name for name in names_in(output) if "checkpoint" in name] == [f"checkpoint-{best_step}"]
+    assert not [name for name in names_in(output) if name.startswith(".")]
+    best = load_file(output / f"checkpoint-{best_step}" / "model.safetensors")
+    final = load_file(output / "model.safetensors")
+    assert all(torch.equal(final[name], best[name]) for name in best)  # loaded from its final path at the end
 
 
 # --- OS errors ----------------------------------------------------------------------------------------------

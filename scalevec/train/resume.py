@@ -91,11 +91,13 @@ def _check_weights(folder: Path) -> None:
 
 
 def _state_present(folder: Path, name: str) -> bool:
-    """A state file `torch.save` finished writing; sharded states (FSDP, DeepSpeed) are taken on their names."""
-    if (folder / name).is_file():
-        _check_torch_file(folder / name)
-        return True
+    """A state file `torch.save` finished writing (`.pt`, or `.bin` from accelerate under FSDP); sharded states
+    (FSDP's `optimizer_0/`, DeepSpeed's `global_step*/`) are taken on their names."""
     stem = name.removesuffix(".pt")
+    for file in (folder / name, folder / f"{stem}.bin"):
+        if file.is_file():
+            _check_torch_file(file)
+            return True
     return any(folder.glob(f"{stem}_*")) or (stem == "optimizer" and any(folder.glob("global_step*")))
 
 
