@@ -58,8 +58,7 @@ class ScaleVecConfig(PreTrainedConfig):
     model_type = "scalevec"
     keys_to_ignore_at_inference = ["cache", "aux_loss", "router_logits"]
     attribute_map = {"num_local_experts": "num_experts"}
-    # Llama's / Qwen3-MoE's plans: every projection is an `nn.Linear`. Row scales around a column-sharded map
-    # (`linear_scale` "out" or "both") span the whole output, so tensor parallelism takes the folded form.
+    # Llama's / Qwen3-MoE's plans: every projection is an `nn.Linear`, its scales cut as its weight is sharded.
     base_model_tp_plan = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise",
@@ -70,9 +69,6 @@ class ScaleVecConfig(PreTrainedConfig):
         "layers.*.mlp.gate_proj": "colwise",
         "layers.*.mlp.up_proj": "colwise",
         "layers.*.mlp.down_proj": "rowwise",
-        "layers.*.mlp.shared_expert.gate_proj": "colwise",
-        "layers.*.mlp.shared_expert.up_proj": "colwise",
-        "layers.*.mlp.shared_expert.down_proj": "rowwise",
     }
     base_model_pp_plan = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),

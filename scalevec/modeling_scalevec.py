@@ -26,6 +26,11 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_scalevec import ScaleVecConfig
 
+try:
+    from torch.distributed.tensor import DTensor, Shard
+except ImportError:  # a torch built without distributed support
+    DTensor = Shard = None
+
 # `save_pretrained` records only the saved class's Auto class; users load the base model too.
 AUTO_MAP = {
     "AutoConfig": "configuration_scalevec.ScaleVecConfig",
@@ -286,13 +291,28 @@ def _is_plain(module: nn.Module) -> bool:
     )
 
 
+def _local_scales(weight: torch.Tensor, in_scale, out_scale) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Under a tensor-parallel plan, a column-wise projection (weight sharded by rows) sees the whole input and
+    yields its shard of the output, a row-wise one the reverse: the scale on the sharded side is cut as the weight
+    is. Scales are replicated, so a magnitude-direction vector is formed whole before it is cut."""
+    if DTensor is None or not isinstance(weight, DTensor) or not isinstance(weight.placements[0], Shard):
+        return in_scale, out_scale
+    (placement,) = weight.placements
+    rank, size = weight.device_mesh.get_local_rank(), weight.device_mesh.size()
+    if placement.dim == 0 and out_scale is not None:
+        out_scale = out_scale.chunk(size)[rank]
+    if placement.dim == 1 and in_scale is not None:
+        in_scale = in_scale.chunk(size)[rank]
+    return in_scale, out_scale
+
+
 def _call_scaled(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`b * module(a * x)`, whatever a library made of `module` (a replacement holds no scales: see
     `ScaleVecProjections`)."""
     base = _unwrapped(module)
     if not isinstance(base, ScaleVecLinear):
         return module(x)
-    in_scale, out_scale = base.scales()
+    in_scale, out_scale = _local_scales(base.weight, *base.scales())
     y = module(x if in_scale is None else x * in_scale.to(x.dtype))
     return y if out_scale is None else y * out_scale.to(y.dtype)
 

@@ -3,7 +3,13 @@
 tensor-parallel plans."""
 
 import copy
+import json
+import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +22,20 @@ from scalevec import ScaleVecForCausalLM
 from scalevec.convert import export_checkpoint, fold_checkpoint
 from scalevec.modeling_scalevec import ScaleVecLinear
 
-from ._helpers import STOCK_TINY, logits, random_ids, randomize_scales, saved_scalevec, tiny_config, tiny_moe_config
+from ._helpers import (
+    STOCK_TINY,
+    SUBPROCESS_ENV,
+    logged_losses,
+    logits,
+    random_ids,
+    randomize_scales,
+    saved_scalevec,
+    tiny_config,
+    tiny_moe_config,
+    train_argv,
+)
 
+ROOT = Path(__file__).parents[1]
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
 EXPERTS = ["experts.gate_up_proj", "experts.down_proj"]
@@ -287,3 +305,55 @@ def test_tensor_parallel_plan_names_linear_projections_as_the_stock_plans_do(moe
         expected = torch.nn.Linear if style in ("colwise", "rowwise") else torch.nn.Module
         assert all(isinstance(m, expected) for m in matched), pattern
     assert config.base_model_pp_plan == stock.base_model_pp_plan
+
+
+def test_tensor_parallel_plan_in_two_processes_gives_the_unsharded_logits(tmp_path):
+    """benchmarks/tp_check.py: `tp_plan="auto"` in 2 gloo processes (DTensor-sharded projections, each scale cut
+    as its projection's weight) against the whole model, standard and unified, dense and MoE."""
+    report = tmp_path / "report.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "tp_check.py"), "--nproc", "2", "--json", str(report)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, **SUBPROCESS_ENV})
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    rows = json.loads(report.read_text())["cases"]
+    assert set(rows) == {"standard-qk-norm", "unified", "unified-moe"}
+    for name, row in rows.items():
+        assert row["q_proj_local_rows"] == 16, name  # 32 rows of q_proj, half on each rank: really sharded
+        assert row["max_logit_diff"] < 1e-5, name
+
+
+def test_scalevec_train_lora_continues_a_checkpoint_and_the_adapter_merges_and_exports(tmp_path):
+    from scalevec.train.cli import main
+
+    base, run = tmp_path / "base", tmp_path / "lora"
+    assert main(train_argv(base, steps=2)) == 0
+    flags = ("--init-from", str(base), "--lora-r", "4", "--lora-target-modules", "all-linear")
+    assert main(train_argv(run, *flags, "--learning-rate", "1e-2", steps=4)) == 0
+    assert (run / "adapter_model.safetensors").is_file() and not (run / "model.safetensors").exists()
+    assert all(math.isfinite(loss) for loss in logged_losses(run))
+
+    model = AutoModelForCausalLM.from_pretrained(base).eval()
+    ids = random_ids(model.config)
+    before = logits(model, ids)
+    adapted = PeftModel.from_pretrained(model, run).eval()
+    assert len(lora_b_weights(adapted)) == 7 * model.config.num_hidden_layers
+    expected = logits(adapted, ids)
+    assert (expected - before).abs().max() > 1e-4  # the adapter trained
+    adapted.merge_and_unload().save_pretrained(tmp_path / "merged")
+    export_checkpoint(tmp_path / "merged", tmp_path / "llama", "llama")
+    llama = AutoModelForCausalLM.from_pretrained(tmp_path / "llama").eval()
+    torch.testing.assert_close(logits(llama, ids), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--lora-r", "-2"), "--lora-r must be a positive rank"),
+        (("--lora-config", "missing.json"), "--lora-config missing.json: no such file"),
+    ],
+)
+def test_scalevec_train_lora_bad_flags_are_named(flags, message, tmp_path, capsys):
+    from scalevec.train.cli import main
+
+    assert main(train_argv(tmp_path / "run", *flags, steps=1)) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

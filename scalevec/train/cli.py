@@ -23,6 +23,7 @@ from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE
 from .corpus import default_tokenizer
 from .data import DataArguments, build_datasets
+from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES
 from .resume import (
     CheckpointContent,
@@ -93,20 +94,31 @@ def _check_output_dir(output_dir: Path, resuming: bool) -> None:
         )
 
 
-def train(model_args: ModelArguments, data_args: DataArguments, training_args: ScaleVecTrainingArguments):
+def train(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: ScaleVecTrainingArguments,
+    lora_args: LoraArguments | None = None,
+):
     """Build tokenizer, model and data, train, evaluate on the held-out split, save; returns a `TrainResult`.
-    A failure leaves no output folder that this call created and left empty."""
+    With `lora_args`, an adapter trains and is what the run saves. A failure leaves no output folder that this call
+    created and left empty."""
     output_dir = Path(training_args.output_dir)
     created = not output_dir.exists()
     try:
-        return _train(model_args, data_args, training_args)
+        return _train(model_args, data_args, training_args, lora_args or LoraArguments())
     except BaseException:
         if created and output_dir.is_dir() and not any(output_dir.iterdir()):
             output_dir.rmdir()
         raise
 
 
-def _train(model_args: ModelArguments, data_args: DataArguments, training_args: ScaleVecTrainingArguments):
+def _train(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: ScaleVecTrainingArguments,
+    lora_args: LoraArguments,
+):
     output_dir = Path(training_args.output_dir)
     _check_output_dir(output_dir, model_args.resume or training_args.resume_from_checkpoint)
     if model_args.resume and (step := finished_step(output_dir, training_args.max_steps)) is not None:
@@ -127,6 +139,8 @@ def _train(model_args: ModelArguments, data_args: DataArguments, training_args: 
     limit = model.config.max_position_embeddings
     if data_args.seq_len > limit:
         raise ValueError(f"--seq-len {data_args.seq_len} exceeds the model's max_position_embeddings ({limit})")
+    if lora_args.enabled:
+        model = with_lora(model, lora_args)
     with training_args.main_process_first(desc="dataset"):
         data = build_datasets(data_args, tokenizer, seed=training_args.seed)
     if data.eval is None and training_args.eval_strategy != "no":
@@ -219,7 +233,7 @@ def _picture(output_dir: Path) -> Path | None:
     return plot if plot.exists() else None
 
 
-TRAIN_ARGUMENTS = (ModelArguments, DataArguments, ScaleVecTrainingArguments)
+TRAIN_ARGUMENTS = (ModelArguments, DataArguments, ScaleVecTrainingArguments, LoraArguments)
 
 
 def parse_arguments(argv: list[str], types: tuple[type, ...] = TRAIN_ARGUMENTS) -> tuple:
