@@ -10,7 +10,7 @@ from scalevec.convert import TargetError, fold_checkpoint
 from scalevec.convert import staging as staging_module
 from scalevec.convert.cli import main
 
-from ._helpers import saved_scalevec, tiny_config
+from ._helpers import run_python, saved_scalevec, tiny_config
 from .test_convert_safety import _medium_source, _start_export, names_in
 
 
@@ -82,3 +82,31 @@ def test_two_exports_racing_for_one_destination(tmp_path):
     assert names_in(tmp_path) == ["out", "src"]
     with safe_open(tmp_path / "out" / "model.safetensors", framework="pt") as weights:
         assert all(weights.get_tensor(name).numel() for name in weights.keys())  # noqa: SIM118
+
+
+SHRINK_WHILE_READING = """
+import os, sys
+import scalevec.convert.checkpoint as checkpoint
+from scalevec.convert.cli import main
+
+read = checkpoint._read_tensor
+
+def read_then_shrink(handle, name, info):
+    tensor = read(handle, name, info)
+    os.truncate(info.file, 200)  # another process rewrites the source while the export reads it
+    return tensor
+
+checkpoint._read_tensor = read_then_shrink
+sys.exit(main(["export", sys.argv[1], sys.argv[2], "--to", "llama", "-q"]))
+"""
+
+
+def test_a_source_shrinking_while_it_is_read_is_an_error_not_a_crash(tmp_path):
+    """Through a memory map, the read after the shrink would kill the process with SIGBUS and no message."""
+    saved_scalevec(tmp_path / "src", tiny_config())
+    result = run_python(SHRINK_WHILE_READING, str(tmp_path / "src"), str(tmp_path / "out"))
+    assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
+    (error,) = convert_errors(result.stderr)
+    assert f"{tmp_path / 'src' / 'model.safetensors'} ended inside tensor" in error
+    assert "shrank while it was being read" in error
+    assert names_in(tmp_path) == ["src"]

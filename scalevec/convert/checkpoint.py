@@ -76,7 +76,7 @@ class Checkpoint:
             by_file[self.tensors[name].file].append(name)
         tensors = {}
         for file, file_names in by_file.items():
-            tensors |= _read_from(file, file_names)
+            tensors |= _read_from(file, {name: self.tensors[name] for name in file_names})
         return tensors
 
     def check_tensors(self, expected: dict[str, tuple[int, ...]], what: str, ignored: Iterable[str] = ()) -> None:
@@ -200,15 +200,33 @@ def _load_bin(file: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _read_from(file: Path, names: list[str]) -> dict[str, torch.Tensor]:
+def _read_from(file: Path, infos: dict[str, TensorInfo]) -> dict[str, torch.Tensor]:
+    names = list(infos)
     try:
         if file.suffix != ".safetensors":
             state = _load_bin(file)
             return {name: state[name] for name in names}
-        with safe_open(file, framework="pt") as handle:
-            return {name: handle.get_tensor(name) for name in names}
+        with open(file, "rb", buffering=0) as handle:
+            return {name: _read_tensor(handle, name, info) for name, info in infos.items()}
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"cannot read {names[0]} and the rest from {file}: {error}") from error
+
+
+def _read_tensor(handle, name: str, info: TensorInfo) -> torch.Tensor:
+    """Read one tensor with plain reads, not through a memory map: a file that shrinks while it is read (another
+    process rewriting it) then ends in a short read, which is an error here, instead of a SIGBUS that kills the
+    process. The same single copy as `safe_open(...).get_tensor`."""
+    tensor = torch.empty(info.shape, dtype=info.dtype)
+    buffer = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    handle.seek(info.offset)
+    while buffer:
+        count = handle.readinto(buffer)
+        if not count:
+            raise CheckpointError(
+                f"{info.file} ended inside tensor {name}: it was truncated, or shrank while it was being read"
+            )
+        buffer = buffer[count:]
+    return tensor
 
 
 def _unreadable_bin(file: Path, error: Exception) -> CheckpointError:
