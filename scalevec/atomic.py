@@ -155,3 +155,16 @@ def writes_into(folder: str | Path, named: str | Path | None = None) -> Iterator
             raise
         path = named if named is not None else cause.filename if cause.filename is not None else folder
         raise OSError(cause.errno, cause.strerror, str(path)) from error
+
+
+@contextmanager
+def removed_if_left_empty(folder: str | Path) -> Iterator[None]:
+    """On an error in the block, remove `folder` if the block created it and left nothing in it: a failed command
+    leaves no trace of itself."""
+    created = not os.path.lexists(folder)
+    try:
+        yield
+    except BaseException:
+        if created and os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
+        raise

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .atomic import describe_os_error
+from .atomic import describe_os_error, removed_if_left_empty
 from .convert.card import card_writer
 from .convert.errors import ConversionError
 from .convert.pipeline import OutputOptions, export_checkpoint
@@ -64,7 +64,8 @@ def run(output_dir: Path, train_flags: list[str]) -> dict[str, dict[str, str]]:
         raise ValueError(f"{output_dir} is not empty: choose a new --output-dir (nothing there is overwritten)")
     run_dir = output_dir / "run"
     arguments = parse_arguments([*TRAINING_DEFAULTS, *train_flags, "--output-dir", str(run_dir)])
-    metrics = train(*arguments).metrics
+    with removed_if_left_empty(output_dir):
+        metrics = train(*arguments).metrics
     samples = {}
     for target in EXPORTS:
         export_checkpoint(run_dir, output_dir / target, target, OutputOptions(before_commit=card_writer(run_dir)))

@@ -17,7 +17,14 @@ from transformers import AutoTokenizer, DataCollatorForLanguageModeling, HfArgum
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import enable_full_determinism, set_seed
 
-from ..atomic import describe_os_error, fsync_tree, write_text_atomically, writes_into
+from ..atomic import (
+    describe_os_error,
+    fsync_path,
+    fsync_tree,
+    removed_if_left_empty,
+    write_text_atomically,
+    writes_into,
+)
 from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE
@@ -103,14 +110,8 @@ def train(
     """Build tokenizer, model and data, train, evaluate on the held-out split, save; returns a `TrainResult`.
     With `lora_args`, an adapter trains and is what the run saves. A failure leaves no output folder that this call
     created and left empty."""
-    output_dir = Path(training_args.output_dir)
-    created = not output_dir.exists()
-    try:
+    with removed_if_left_empty(training_args.output_dir):
         return _train(model_args, data_args, training_args, lora_args or LoraArguments())
-    except BaseException:
-        if created and output_dir.is_dir() and not any(output_dir.iterdir()):
-            output_dir.rmdir()
-        raise
 
 
 def _train(
@@ -215,6 +216,9 @@ def _save_result(trainer: ScaleVecTrainer, metrics: dict) -> None:
         if main_process:
             write_text_atomically(output_dir / "training_args.json", trainer.args.to_json_string())
         trainer.save_state()
+        if main_process:
+            fsync_path(output_dir / TRAINER_STATE_NAME)
+            fsync_path(output_dir)
 
 
 def _move_files(source: Path, destination: Path) -> None:

@@ -195,6 +195,13 @@ class ScaleVecTrainer(Trainer):
                 self._publish_checkpoint(staging_run_dir / name, run_dir / name)
                 os.rmdir(staging_run_dir)
             self._rotate_checkpoints(run_dir)
+        if self.args.push_to_hub:
+            super()._push_from_checkpoint(str(run_dir / name))
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        # The upload runs in the background: it must read the checkpoint where it stays, once it is there.
+        if self._staging_run_dir is None:
+            super()._push_from_checkpoint(checkpoint_folder)
 
     def _get_output_dir(self, trial) -> str:
         return str(self._staging_run_dir) if self._staging_run_dir is not None else super()._get_output_dir(trial)
