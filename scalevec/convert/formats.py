@@ -147,7 +147,7 @@ class Qwen3Format(StockFormat):
 def _moe_blockers(config: ScaleVecConfig) -> list[str]:
     reasons = []
     if not config.num_experts:
-        reasons.append("a dense model (num_experts=0); use llama or qwen3")
+        reasons.append("no experts (num_experts=0: a dense model); use llama or qwen3")
     if config.shared_expert_intermediate_size:
         reasons.append(
             f"a shared expert (shared_expert_intermediate_size={config.shared_expert_intermediate_size}), "

@@ -44,6 +44,8 @@ def write_config(folder: Path, target: Format, config: ScaleVecConfig, dtype: to
 def _config_json(config: PreTrainedConfig, architecture: str, dtype: torch.dtype) -> dict:
     config.architectures = [architecture]
     config.dtype = dtype
+    # An output is for inference: the Trainer sets `use_cache=False` for training, which must not be copied through.
+    config.use_cache = True
     return json.loads(config.to_json_string(use_diff=True))
 
 
