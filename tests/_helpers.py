@@ -234,3 +234,19 @@ def tiny_trainer(model, output_dir: Path, **arguments):
 
     arguments = {"report_to": "none", "disable_tqdm": True, **arguments}
     return ScaleVecTrainer(model=model, args=ScaleVecTrainingArguments(output_dir=str(output_dir), **arguments))
+
+
+# --- durability (scalevec/atomic.py) --------------------------------------------------------------------------
+
+
+def record_fsyncs(monkeypatch) -> list[str]:
+    """Make `os.fsync` also record the path of what it flushes (Linux: /proc/self/fd); returns the growing list."""
+    flushed: list[str] = []
+    fsync = os.fsync
+
+    def recording_fsync(descriptor: int) -> None:
+        flushed.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    return flushed

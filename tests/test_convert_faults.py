@@ -2,6 +2,7 @@
 destination with nothing left behind, and two conversions racing for one destination never replace each other."""
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from safetensors import safe_open
@@ -10,7 +11,7 @@ from scalevec.convert import TargetError, fold_checkpoint
 from scalevec.convert import staging as staging_module
 from scalevec.convert.cli import main
 
-from ._helpers import run_python, saved_scalevec, tiny_config
+from ._helpers import record_fsyncs, run_python, saved_scalevec, tiny_config
 from .test_convert_safety import _medium_source, _start_export, names_in
 
 
@@ -49,6 +50,16 @@ def test_a_read_only_destination_is_named(tmp_path, tmpfs, capsys):
     assert convert_errors(capsys.readouterr().err) == [
         f"scalevec-convert: error: cannot write {destination}: read-only file system; nothing was written"
     ]
+
+
+def test_an_output_is_flushed_to_disk_before_it_is_reported(tmp_path, monkeypatch):
+    """Every file, then the parent's entry once renamed: after a power loss the destination is whole or absent."""
+    saved_scalevec(tmp_path / "src", tiny_config())
+    flushed = record_fsyncs(monkeypatch)
+    fold_checkpoint(tmp_path / "src", tmp_path / "out")
+    staged_files = {Path(path).name for path in flushed if ".scalevec-convert-" in path}
+    assert set(names_in(tmp_path / "out")) <= staged_files
+    assert flushed[-1] == str(tmp_path)  # the rename itself, last
 
 
 def test_a_destination_appearing_during_the_commit_is_never_replaced(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from scalevec.atomic import remove_folder, rename_noreplace
 from scalevec.train.cli import main
 
-from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, train_argv
+from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, record_fsyncs, train_argv
 
 CHECKPOINTING = ["--save-strategy", "steps", "--save-steps", "4", "--eval-every", "0", "--scale-preset", "standard"]
 STEPS = 8
@@ -218,6 +218,17 @@ def test_rotation_keeps_the_best_and_the_newest_checkpoint_under_their_final_nam
     best = load_file(output / f"checkpoint-{best_step}" / "model.safetensors")
     final = load_file(output / "model.safetensors")
     assert all(torch.equal(final[name], best[name]) for name in best)  # loaded from its final path at the end
+
+
+def test_a_checkpoint_is_flushed_to_disk_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    output = tmp_path / "run"
+    flushed = record_fsyncs(monkeypatch)
+    assert main(train_argv(output, *CHECKPOINTING, steps=4)) == 0
+    staged = str(output / ".checkpoint-4.staging" / "checkpoint-4")
+    staged_files = [path for path in flushed if path.startswith(staged + "/")]
+    assert {Path(path).name for path in staged_files} == set(names_in(output / "checkpoint-4"))
+    renamed = flushed.index(str(output))  # the parent, after the rename
+    assert renamed > flushed.index(staged) > max(flushed.index(path) for path in staged_files)
 
 
 # --- OS errors ----------------------------------------------------------------------------------------------
