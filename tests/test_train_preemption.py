@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from scalevec import atomic
 from scalevec.atomic import remove_folder, rename_noreplace
 from scalevec.train.cli import main
 
@@ -266,7 +267,10 @@ def test_a_read_only_output_folder_is_named(small_tmpfs, capsys):
 # --- the primitives under it ------------------------------------------------------------------------------
 
 
-def test_rename_noreplace_never_replaces(tmp_path):
+@pytest.mark.parametrize("way", ["renameat2", "lock on the parent"])
+def test_rename_noreplace_never_replaces(tmp_path, monkeypatch, way):
+    if way != "renameat2":  # as on a system without renameat2(RENAME_NOREPLACE)
+        monkeypatch.setattr(atomic, "_renameat2_noreplace", lambda source, destination: False)
     (tmp_path / "new").mkdir()
     (tmp_path / "existing").mkdir()  # empty: a plain rename would replace it silently
     with pytest.raises(FileExistsError):
