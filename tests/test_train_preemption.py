@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from scalevec import atomic
+from scalevec import atomic, quickstart
 from scalevec.atomic import remove_folder, rename_noreplace
 from scalevec.train.cli import main
 
@@ -262,6 +262,13 @@ def test_a_read_only_output_folder_is_named(small_tmpfs, capsys):
     output = small_tmpfs / "run"
     assert main(argv(output)) == 1
     assert messages(capsys.readouterr().err) == [f"scalevec-train: error: {output}: read-only file system"]
+
+    assert quickstart.main(argv(output)) == 1  # its --output-dir is the same folder
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("scalevec-quickstart:")] == [
+        f"scalevec-quickstart: error: {output}: read-only file system"
+    ]
 
 
 # --- the primitives under it ------------------------------------------------------------------------------
