@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import AutoTokenizer, DataCollatorForLanguageModeling, HfArgumentParser, TrainerState
+from transformers import AutoTokenizer, HfArgumentParser, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import enable_full_determinism, set_seed
 
@@ -29,7 +29,7 @@ from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE
 from .corpus import default_tokenizer
-from .data import DataArguments, build_datasets
+from .data import DataArguments, build_datasets, language_modeling_collator
 from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES
 from .resume import (
@@ -140,6 +140,9 @@ def _train(
     limit = model.config.max_position_embeddings
     if data_args.seq_len > limit:
         raise ValueError(f"--seq-len {data_args.seq_len} exceeds the model's max_position_embeddings ({limit})")
+    if data_args.document_masking and training_args.use_cache:
+        # With a cache, transformers builds a causal mask over the whole block and ignores restarting position ids.
+        raise ValueError("--document-masking needs --use-cache false (the default for training)")
     if lora_args.enabled:
         model = with_lora(model, lora_args)
     with training_args.main_process_first(desc="dataset"):
@@ -151,7 +154,7 @@ def _train(
         args=training_args,
         train_dataset=data.train,
         eval_dataset=data.eval,
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        data_collator=language_modeling_collator(tokenizer, data_args.document_masking, model.config),
         processing_class=tokenizer,
         bytes_per_token=data.bytes_per_token,
     )

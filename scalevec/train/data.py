@@ -1,12 +1,15 @@
 """Datasets for pretraining: local files, folders or Hub ids (or the embedded corpus), tokenised with a batched
-`map` and packed into fixed-length blocks with an end-of-text token between documents."""
+`map` and packed into fixed-length blocks with an end-of-text token between documents; with document masking, each
+block carries position ids that restart at every document, which keep attention inside documents."""
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
-from transformers import PreTrainedTokenizerBase
+import torch
+from transformers import DataCollatorForLanguageModeling, PreTrainedConfig, PreTrainedTokenizerBase
+from transformers.utils.generic import is_flash_attention_requested
 
 from .corpus import default_corpus_file
 
@@ -29,6 +32,13 @@ class DataArguments:
     max_eval_documents: int = field(default=2000, metadata={"help": "At most this many held-out documents."})
     shuffle_buffer: int = field(default=10_000, metadata={"help": "Shuffle buffer (in blocks) when streaming."})
     num_proc: int | None = field(default=None, metadata={"help": "Processes for tokenisation (non-streaming)."})
+    document_masking: bool = field(
+        default=False,
+        metadata={
+            "help": "Attention never crosses a document boundary in a packed block (train and eval): position ids "
+            "restart at every document, with no attention mask (transformers' padding-free path)."
+        },
+    )
 
 
 @dataclass
@@ -79,13 +89,33 @@ def load_documents(args: DataArguments) -> datasets.Dataset | datasets.IterableD
 def pack(token_lists: Iterable[list[int]], seq_len: int, eos_token_id: int) -> Iterator[list[int]]:
     """Concatenate documents, each followed by EOS, and cut into `seq_len` blocks; only the last partial block is
     dropped."""
-    buffer: list[int] = []
-    for tokens in token_lists:
-        buffer.extend(tokens)
-        buffer.append(eos_token_id)
-        while len(buffer) >= seq_len:
-            yield buffer[:seq_len]
-            del buffer[:seq_len]
+    for block, _ in pack_with_positions(token_lists, seq_len, eos_token_id):
+        yield block
+
+
+def pack_with_positions(
+    token_lists: Iterable[list[int]], seq_len: int, eos_token_id: int
+) -> Iterator[tuple[list[int], list[int]]]:
+    """`pack`'s blocks, each with its tokens' positions in their documents (a document's EOS is its last token).
+    Positions restart at 0 where a document starts and at the start of every block, so a document cut by a block
+    boundary continues there as a document of its own."""
+    tokens: list[int] = []
+    positions: list[int] = []
+    for document in token_lists:
+        tokens.extend(document)
+        tokens.append(eos_token_id)
+        positions.extend(range(len(document) + 1))
+        while len(tokens) >= seq_len:
+            yield tokens[:seq_len], _counted_from_block_start(positions[:seq_len])
+            del tokens[:seq_len], positions[:seq_len]
+
+
+def _counted_from_block_start(positions: list[int]) -> list[int]:
+    offset = positions[0]
+    if offset == 0:
+        return positions
+    next_document = next((i for i, position in enumerate(positions) if position == 0), len(positions))
+    return [position - offset for position in positions[:next_document]] + positions[next_document:]
 
 
 def _tokenize(documents, tokenizer: PreTrainedTokenizerBase, num_proc: int | None):
@@ -99,9 +129,10 @@ def _tokenize(documents, tokenizer: PreTrainedTokenizerBase, num_proc: int | Non
     return documents.map(encode, batched=True, remove_columns=["text"], **kwargs)
 
 
-def _blocks(tokenized, seq_len: int, eos_token_id: int) -> Iterator[dict]:
-    for block in pack((row["input_ids"] for row in tokenized), seq_len, eos_token_id):
-        yield {"input_ids": block}
+def _blocks(tokenized, seq_len: int, eos_token_id: int, document_masking: bool) -> Iterator[dict]:
+    token_lists = (row["input_ids"] for row in tokenized)
+    for block, positions in pack_with_positions(token_lists, seq_len, eos_token_id):
+        yield {"input_ids": block, "position_ids": positions} if document_masking else {"input_ids": block}
 
 
 def _split(documents, eval_every: int, held_out: bool):
@@ -124,13 +155,14 @@ def build_datasets(args: DataArguments, tokenizer: PreTrainedTokenizerBase, seed
     no_block = f"the dataset holds no complete block of --seq-len {args.seq_len} tokens"
     if args.streaming:
         # Read the stream's start once: an empty stream would otherwise stop the Trainer with an unclear message.
-        if next(_blocks(train_tokens, args.seq_len, eos), None) is None:
+        if next(_blocks(train_tokens, args.seq_len, eos, args.document_masking), None) is None:
             raise ValueError(no_block)
+        packing = {"seq_len": args.seq_len, "eos_token_id": eos, "document_masking": args.document_masking}
         train = datasets.IterableDataset.from_generator(
-            _blocks, gen_kwargs={"tokenized": train_tokens, "seq_len": args.seq_len, "eos_token_id": eos}
+            _blocks, gen_kwargs={"tokenized": train_tokens, **packing}
         ).shuffle(seed=seed, buffer_size=args.shuffle_buffer)
     else:
-        train = _packed(train_tokens, args.seq_len, eos)
+        train = _packed(train_tokens, args.seq_len, eos, args.document_masking)
         if len(train) == 0:
             raise ValueError(no_block)
     eval_set, bytes_per_token = None, None
@@ -141,7 +173,7 @@ def build_datasets(args: DataArguments, tokenizer: PreTrainedTokenizerBase, seed
             eval_tokens = datasets.Dataset.from_list(list(eval_tokens))
         if len(eval_tokens) == 0:  # nothing held out (and a stream's empty list has not even the columns)
             return PackedData(train, None, None)
-        eval_set = _packed(eval_tokens, args.seq_len, eos)
+        eval_set = _packed(eval_tokens, args.seq_len, eos, args.document_masking)
         token_count = sum(len(ids) + 1 for ids in eval_tokens["input_ids"])
         bytes_per_token = sum(eval_tokens["bytes"]) / token_count if token_count else None
         if len(eval_set) == 0:
@@ -149,6 +181,37 @@ def build_datasets(args: DataArguments, tokenizer: PreTrainedTokenizerBase, seed
     return PackedData(train, eval_set, bytes_per_token)
 
 
-def _packed(tokenized: datasets.Dataset, seq_len: int, eos_token_id: int) -> datasets.Dataset:
-    blocks = list(pack(tokenized["input_ids"], seq_len, eos_token_id))
-    return datasets.Dataset.from_dict({"input_ids": blocks})
+def _packed(tokenized: datasets.Dataset, seq_len: int, eos_token_id: int, document_masking: bool) -> datasets.Dataset:
+    packed = list(pack_with_positions(tokenized["input_ids"], seq_len, eos_token_id))
+    columns = {"input_ids": [block for block, _ in packed]}
+    if document_masking:
+        columns["position_ids"] = [positions for _, positions in packed]
+    return datasets.Dataset.from_dict(columns)
+
+
+@dataclass
+class DocumentMaskingCollator:
+    """Batches packed blocks with their `position_ids` and no attention mask: transformers' padding-free path, in
+    which positions restarting at 0 make the attention block-diagonal, one block per document (the mask is built
+    from the position ids by `create_causal_mask` for eager, sdpa and flex attention). Flash attention finds packed
+    documents only in a batch of one row, so `flatten` lays the blocks end to end in one row."""
+
+    flatten: bool = False
+
+    def __call__(self, blocks: list[dict]) -> dict[str, torch.Tensor]:
+        batch = {key: torch.tensor([block[key] for block in blocks]) for key in ("input_ids", "position_ids")}
+        batch["labels"] = batch["input_ids"].clone()
+        if self.flatten:
+            # In one row a block's last token would learn to predict the next block's first token.
+            batch["labels"][:, 0] = -100
+            batch = {key: value.reshape(1, -1) for key, value in batch.items()}
+        return batch
+
+
+def language_modeling_collator(
+    tokenizer: PreTrainedTokenizerBase, document_masking: bool, model_config: PreTrainedConfig
+):
+    """The collator of `scalevec-train`'s packed blocks, for a model of `model_config`."""
+    if document_masking:
+        return DocumentMaskingCollator(flatten=is_flash_attention_requested(model_config))
+    return DataCollatorForLanguageModeling(tokenizer, mlm=False)
