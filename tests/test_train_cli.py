@@ -1,4 +1,4 @@
-"""`scalevec-train` and `scalevec-ablate` end to end on the embedded corpus, at a tiny size: the loss goes down,
+"""`scalevec-train` end to end on the embedded corpus, at a tiny size: the loss goes down,
 diagnostics, resuming, two-process DDP, and bad inputs."""
 
 import json
@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from scalevec import ScaleVecForCausalLM
-from scalevec.train import ablate, default_tokenizer
+from scalevec.train import default_tokenizer
 from scalevec.train.cli import main
 from scalevec.train.diagnostics import flat_log, scale_statistics
 
@@ -180,27 +180,3 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caps
         "scalevec-train: error: the training loss became nan at step 3; training stopped before the optimizer" in error
     )
     assert "no checkpoint was saved yet" in error and not (unsaved / "model.safetensors").exists()
-
-
-# --- scalevec-ablate --------------------------------------------------------------------------------------------
-
-
-def test_ablation_of_two_variants(tmp_path, capsys):
-    root = tmp_path / "ablation"
-    argv = ["--variants", "none,unified", *train_argv(root, "--max-eval-documents", "2", steps=4)]
-    assert ablate.main(argv) == 0
-    records = json.loads((root / "results.json").read_text())
-    assert [r["variant"] for r in records] == ["none", "unified"]
-    for record in records:
-        assert math.isfinite(record["train_loss"]) and math.isfinite(record["eval_loss"])
-        assert record["train_loss"] == logged_losses(root / f"{record['variant']}-seed42")[-1]
-    assert records[0]["tokens"] == records[1]["tokens"] == 4 * 4 * 32
-    assert records[0]["scale_parameters"] == 0 < records[1]["scale_parameters"]
-    table = (root / "results.md").read_text()
-    assert "| none | 1 |" in table and "| unified | 1 |" in table
-    assert (root / "loss_curves.png").read_bytes().startswith(PNG_SIGNATURE)
-    capsys.readouterr()
-    refused = ablate.main(["--scale-preset", "standard", *train_argv(tmp_path / "refused", steps=4)])
-    assert refused == 1
-    assert "--scale-preset: scalevec-ablate sets the scale strategy per variant" in capsys.readouterr().err
-    assert not (tmp_path / "refused").exists()
