@@ -2,17 +2,36 @@
 
 import importlib.util
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 from .configuration_scalevec import ScaleVecConfig
-from .modeling_scalevec import ScaleVecForCausalLM, ScaleVecModel, ScaleVecPreTrainedModel
+from .modeling_scalevec import (
+    ScaleVecForCausalLM,
+    ScaleVecForQuestionAnswering,
+    ScaleVecForSequenceClassification,
+    ScaleVecForTokenClassification,
+    ScaleVecModel,
+    ScaleVecPreTrainedModel,
+)
 
 AutoConfig.register(ScaleVecConfig.model_type, ScaleVecConfig)
-AutoModel.register(ScaleVecConfig, ScaleVecModel)
-AutoModelForCausalLM.register(ScaleVecConfig, ScaleVecForCausalLM)
 ScaleVecConfig.register_for_auto_class()
-ScaleVecModel.register_for_auto_class("AutoModel")
-ScaleVecForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+for auto_class, model_class in (
+    (AutoModel, ScaleVecModel),
+    (AutoModelForCausalLM, ScaleVecForCausalLM),
+    (AutoModelForSequenceClassification, ScaleVecForSequenceClassification),
+    (AutoModelForTokenClassification, ScaleVecForTokenClassification),
+    (AutoModelForQuestionAnswering, ScaleVecForQuestionAnswering),
+):
+    auto_class.register(ScaleVecConfig, model_class)
+    model_class.register_for_auto_class(auto_class.__name__)
 
 
 def _register_peft_defaults() -> None:
@@ -26,4 +45,12 @@ def _register_peft_defaults() -> None:
 
 _register_peft_defaults()
 
-__all__ = ["ScaleVecConfig", "ScaleVecForCausalLM", "ScaleVecModel", "ScaleVecPreTrainedModel"]
+__all__ = [
+    "ScaleVecConfig",
+    "ScaleVecForCausalLM",
+    "ScaleVecForQuestionAnswering",
+    "ScaleVecForSequenceClassification",
+    "ScaleVecForTokenClassification",
+    "ScaleVecModel",
+    "ScaleVecPreTrainedModel",
+]

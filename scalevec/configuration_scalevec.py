@@ -180,6 +180,8 @@ class ScaleVecConfig(PreTrainedConfig):
         if self.output_router_logits is None:
             self.output_router_logits = self.num_experts > 0
         if not self.num_experts:
+            if self.output_router_logits:
+                raise ValueError("`output_router_logits=True` needs experts; this config is dense (`num_experts=0`).")
             return
         if self.moe_intermediate_size is None:
             self.moe_intermediate_size = self.intermediate_size

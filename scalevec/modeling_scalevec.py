@@ -9,18 +9,31 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import AutoModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, use_experts_implementation
 from transformers.masking_utils import create_causal_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
+from transformers.modeling_layers import (
+    GenericForQuestionAnswering,
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    GradientCheckpointingLayer,
+)
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    MoeCausalLMOutputWithPast,
+    MoeModelOutputWithPast,
+)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, auto_docstring, can_return_tuple
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -31,11 +44,14 @@ try:
 except ImportError:  # a torch built without distributed support
     DTensor = Shard = None
 
-# `save_pretrained` records only the saved class's Auto class; users load the base model too.
+# `save_pretrained` records only the saved class's Auto class; users load the base model and the other heads too.
 AUTO_MAP = {
     "AutoConfig": "configuration_scalevec.ScaleVecConfig",
     "AutoModel": "modeling_scalevec.ScaleVecModel",
     "AutoModelForCausalLM": "modeling_scalevec.ScaleVecForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_scalevec.ScaleVecForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_scalevec.ScaleVecForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_scalevec.ScaleVecForQuestionAnswering",
 }
 
 
@@ -422,6 +438,43 @@ class ScaleVecTopKRouter(nn.Module):
         return router_logits, top_k_weights.to(router_logits.dtype), top_k_index
 
 
+def _folded(weight: torch.Tensor, in_scale: torch.Tensor | None, out_scale: torch.Tensor | None) -> torch.Tensor:
+    """`diag(b) W diag(a)` by differentiable ops, for weights (..., out, in) and scales (..., in) / (..., out)."""
+    if out_scale is not None:
+        weight = weight * out_scale.unsqueeze(-1)
+    return weight if in_scale is None else weight * in_scale.unsqueeze(-2)
+
+
+class _FoldedExperts:
+    """`ScaleVecExperts` as transformers' experts functions see it: they read `gate_up_proj` and `down_proj`
+    directly, so these are the folded weights (everything else is the module's)."""
+
+    def __init__(self, experts: "ScaleVecExperts"):
+        self._experts = experts
+        self.gate_up_proj, self.down_proj = experts.folded_weights()
+
+    def __getattr__(self, name: str):
+        return getattr(self._experts, name)
+
+
+def _on_folded_weights(experts_forward: Callable) -> Callable:
+    def forward(experts, hidden_states, top_k_index, top_k_weights):
+        return experts_forward(_FoldedExperts(experts), hidden_states, top_k_index, top_k_weights)
+
+    return forward
+
+
+class ScaleVecExpertsInterface(ExpertsInterface):
+    """transformers' experts implementations on ScaleVec's folded expert weights. "eager" is ScaleVec's own forward
+    (the scales folded inside one grouped GEMM per projection, the fastest measured), and the default."""
+
+    _global_mapping = {name: _on_folded_weights(ALL_EXPERTS_FUNCTIONS[name]) for name in ("grouped_mm", "batched_mm")}
+
+
+SCALEVEC_EXPERTS_FUNCTIONS = ScaleVecExpertsInterface()
+
+
+@use_experts_implementation(experts_interface=SCALEVEC_EXPERTS_FUNCTIONS)
 class ScaleVecExperts(nn.Module):
     """SwiGLU experts as stacked 3-D weights (gate rows first in `gate_up_proj`), with per-expert scales:
     branch scales on gate and up (E, 2, H), row scales (E, 2, I) and (E, H), column scales on down (E, I) unless
@@ -435,14 +488,21 @@ class ScaleVecExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
         self.act_fn = ACT2FN[config.hidden_act]
         rows, cols = config.linear_scale in ("out", "both"), config.linear_scale in ("in", "both")
-        shapes = {
-            "gate_up_in_scale": ((num_experts, 2, hidden), config.norm_scale == "branch"),
-            "gate_up_out_scale": ((num_experts, 2, inter), rows),
-            "down_in_scale": ((num_experts, inter), cols and not rows),  # as in ScaleVecMLP
-            "down_out_scale": ((num_experts, hidden), rows),
-        }
-        for name, (shape, present) in shapes.items():
-            setattr(self, name, ScaleVecScale(shape, config.scale_param, "input") if present else None)
+
+        def scale(shape: tuple[int, ...], present: bool) -> ScaleVecScale | None:
+            return ScaleVecScale(shape, config.scale_param, "input") if present else None
+
+        self.gate_up_in_scale = scale((num_experts, 2, hidden), config.norm_scale == "branch")
+        self.gate_up_out_scale = scale((num_experts, 2, inter), rows)
+        self.down_in_scale = scale((num_experts, inter), cols and not rows)  # as in ScaleVecMLP
+        self.down_out_scale = scale((num_experts, hidden), rows)
+
+    def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`gate_up_proj` and `down_proj` with every expert scale folded in (differentiably)."""
+        gate_up = self.gate_up_proj.unflatten(1, (2, self.intermediate_size))
+        gate_up = _folded(gate_up, _vector(self.gate_up_in_scale), _vector(self.gate_up_out_scale))
+        down = _folded(self.down_proj, _vector(self.down_in_scale), _vector(self.down_out_scale))
+        return gate_up.flatten(1, 2), down
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         flat_index = top_k_index.reshape(-1)
@@ -539,6 +599,7 @@ class ScaleVecAttention(ScaleVecProjections):
         self.q_norm = qk_norm(self.head_dim, config, role="output")
         self.k_norm = qk_norm(self.head_dim, config, role="output")
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -591,6 +652,7 @@ class ScaleVecDecoderLayer(GradientCheckpointingLayer):
         self.attention_output_layernorm = output_norm(config.hidden_size, config, role="output")
         self.mlp_output_layernorm = output_norm(config.hidden_size, config, role="output")
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -651,6 +713,13 @@ class ScaleVecPreTrainedModel(PreTrainedModel):
             init.normal_(module.gate_up_proj, mean=0.0, std=std)
             init.normal_(module.down_proj, mean=0.0, std=std)
 
+    def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
+        # ScaleVec's own experts forward ("eager") is the default, not transformers' grouped_mm
+        allowed = ("eager", *SCALEVEC_EXPERTS_FUNCTIONS)
+        if requested_experts not in (None, *allowed):
+            raise ValueError(f"`experts_implementation` must be one of {allowed}; got {requested_experts!r}")
+        return super().get_correct_experts_implementation(requested_experts or "eager")
+
     def scale_vector_roles(self) -> dict[str, list[str]]:
         """Names of every scale-vector parameter by role: "input" (foldable into a neighbouring linear map,
         decayed by default) and "output" (output norms and QK-norms: not foldable, not decayed by default)."""
@@ -666,12 +735,7 @@ class ScaleVecPreTrainedModel(PreTrainedModel):
         return sum(parameters[name].numel() for names in self.scale_vector_roles().values() for name in names)
 
     def save_pretrained(self, *args, **kwargs):
-        # `save_pretrained` records only the saved class's Auto class; users load the base model too.
-        self.config.auto_map = {
-            "AutoConfig": "configuration_scalevec.ScaleVecConfig",
-            "AutoModel": "modeling_scalevec.ScaleVecModel",
-            "AutoModelForCausalLM": "modeling_scalevec.ScaleVecForCausalLM",
-        }
+        self.config.auto_map = AUTO_MAP
         return super().save_pretrained(*args, **kwargs)
 
 
@@ -690,6 +754,7 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     @merge_with_config_defaults
     @capture_outputs
     @auto_docstring
@@ -702,7 +767,7 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> MoeModelOutputWithPast:
+    ) -> BaseModelOutputWithPast | MoeModelOutputWithPast:
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
@@ -734,7 +799,24 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
                 **kwargs,
             )
         hidden_states = self.norm(hidden_states)
-        return MoeModelOutputWithPast(last_hidden_state=hidden_states, cache=cache)
+        output_type = MoeModelOutputWithPast if self.config.num_experts else BaseModelOutputWithPast
+        return output_type(last_hidden_state=hidden_states, cache=cache)
+
+
+def real_token_mask(attention_mask: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor | None:
+    """Which of this call's `(batch, length)` tokens are not padding, from any mask the library passes: 2-D over all
+    tokens seen (the last `length` are this call's, as in cached decoding), or 4-D `(batch, heads, queries, keys)`,
+    boolean or additive, in which a padding token's own key is masked (the queries being the last keys)."""
+    if attention_mask is None:
+        return None
+    batch, length = shape
+    if attention_mask.dim() == 2:
+        return attention_mask[:, -length:].bool()
+    if attention_mask.dtype != torch.bool:
+        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    allowed = attention_mask[:, 0, -length:]
+    queries = torch.arange(length, device=allowed.device)
+    return allowed[:, queries, queries + allowed.shape[-1] - length].expand(batch, length)
 
 
 def router_z_loss_func(router_logits: tuple[torch.Tensor, ...], attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -760,6 +842,7 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     @can_return_tuple
     @auto_docstring
     def forward(
@@ -774,29 +857,36 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
         output_router_logits: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> MoeCausalLMOutputWithPast:
-        if output_router_logits is None:
-            output_router_logits = self.config.output_router_logits
-        output_router_logits = output_router_logits and self.config.num_experts > 0
-        outputs: MoeModelOutputWithPast = self.model(
+    ) -> CausalLMOutputWithPast | MoeCausalLMOutputWithPast:
+        moe = self.config.num_experts > 0
+        if output_router_logits and not moe:
+            raise ValueError("`output_router_logits` needs a mixture-of-experts model (`num_experts` > 0)")
+        if output_router_logits is None:  # the router losses cost work: only where training uses them
+            output_router_logits = moe and self.config.output_router_logits and labels is not None
+        router_kwargs = {"output_router_logits": output_router_logits} if moe else {}
+        outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
-            output_router_logits=output_router_logits,
+            **router_kwargs,
             **kwargs,
         )
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         logits = self.lm_head(hidden_states)
 
-        loss = aux_loss = None
+        loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        fields = dict(logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states)
+        if not moe:
+            return CausalLMOutputWithPast(loss=loss, attentions=outputs.attentions, **fields)
+
+        aux_loss = None
         if output_router_logits:
-            # During cached generation the router only saw the newest tokens: use their part of the mask.
-            mask = None if attention_mask is None else attention_mask[:, -outputs.last_hidden_state.shape[1] :]
+            mask = real_token_mask(attention_mask, outputs.last_hidden_state.shape[:2])
             aux_loss = load_balancing_loss_func(
                 outputs.router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask
             )
@@ -805,16 +895,37 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
                 if self.config.router_z_loss_coef:
                     z_loss = router_z_loss_func(outputs.router_logits, mask)
                     loss = loss + self.config.router_z_loss_coef * z_loss.to(loss.device)
-
         return MoeCausalLMOutputWithPast(
-            loss=loss,
-            aux_loss=aux_loss,
-            logits=logits,
-            cache=outputs.cache,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            router_logits=outputs.router_logits,
+            loss=loss, aux_loss=aux_loss, attentions=outputs.attentions, router_logits=outputs.router_logits, **fields
         )
 
 
-__all__ = ["ScaleVecForCausalLM", "ScaleVecModel", "ScaleVecPreTrainedModel"]
+class ScaleVecTaskHead:
+    """Base of the task heads: transformers' generic heads build their base model with `AutoModel.from_config`,
+    which knows ScaleVec only once it is registered for this config's class (a remote-code load imports this file
+    beside its own copy of the configuration module, and registers only the head)."""
+
+    def __init__(self, config: ScaleVecConfig):
+        AutoModel.register(type(config), ScaleVecModel, exist_ok=True)
+        super().__init__(config)
+
+
+class ScaleVecForSequenceClassification(
+    ScaleVecTaskHead, GenericForSequenceClassification, ScaleVecPreTrainedModel
+): ...
+
+
+class ScaleVecForTokenClassification(ScaleVecTaskHead, GenericForTokenClassification, ScaleVecPreTrainedModel): ...
+
+
+class ScaleVecForQuestionAnswering(ScaleVecTaskHead, GenericForQuestionAnswering, ScaleVecPreTrainedModel): ...
+
+
+__all__ = [
+    "ScaleVecForCausalLM",
+    "ScaleVecForQuestionAnswering",
+    "ScaleVecForSequenceClassification",
+    "ScaleVecForTokenClassification",
+    "ScaleVecModel",
+    "ScaleVecPreTrainedModel",
+]
