@@ -333,6 +333,33 @@ def _call_scaled(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return y if out_scale is None else y * out_scale.to(y.dtype)
 
 
+def _folded(weight: torch.Tensor, in_scale: torch.Tensor | None, out_scale: torch.Tensor | None) -> torch.Tensor:
+    """`diag(b) W diag(a)` by differentiable ops, for weights (..., out, in) and scales (..., in) / (..., out)."""
+    if out_scale is not None:
+        weight = weight * out_scale.unsqueeze(-1)
+    return weight if in_scale is None else weight * in_scale.unsqueeze(-2)
+
+
+def _records_no_gradient() -> bool:
+    return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
+def _folded_for_inference(owner: nn.Module, fold: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """`fold()`, computed once and reused while no parameter of `owner` changes: an optimizer step or
+    `load_state_dict` writes in place (a new tensor version), `to()` makes new tensors. Decoding then costs what the
+    folded model costs instead of refolding every weight for every token."""
+    key = tuple((p._version, p.data_ptr(), p.dtype, p.device) for p in owner.parameters())
+    cached = owner.__dict__.get("_inference_weights")
+    if cached is None or cached[0] != key:
+        cached = owner.__dict__["_inference_weights"] = (key, fold())
+    return cached[1]
+
+
+def _drop_inference_weights(owner: nn.Module) -> None:
+    # training needs the memory more than a later evaluation needs the time
+    owner.__dict__.pop("_inference_weights", None)
+
+
 def project(x: torch.Tensor, *modules: nn.Module) -> tuple[torch.Tensor, ...]:
     """The outputs of several projections of one input, each with its scales. When every module is a plain
     ScaleVec projection with scales, they run as one fused matmul with the scales folded into the weights on the
@@ -340,9 +367,17 @@ def project(x: torch.Tensor, *modules: nn.Module) -> tuple[torch.Tensor, ...]:
     if all(_is_plain(module) for module in modules):
         scales = [module.scales() for module in modules]
         if any(vector is not None for pair in scales for vector in pair):
+            if _records_no_gradient():
+                return tuple(F.linear(x, _inference_weight(module)) for module in modules)
+            for module in modules:
+                _drop_inference_weights(module)
             in_scales, out_scales = zip(*scales)
             return scaled_linear(x, [module.weight for module in modules], in_scales, out_scales)
     return tuple(_call_scaled(module, x) for module in modules)
+
+
+def _inference_weight(module: ScaleVecLinear) -> torch.Tensor:
+    return _folded_for_inference(module, lambda: (_folded(module.weight, *module.scales()),))[0]
 
 
 class ScaleVecProjections(nn.Module):
@@ -430,19 +465,17 @@ class ScaleVecTopKRouter(nn.Module):
 
     def forward(self, hidden_states):
         in_scale, out_scale = _vector(self.in_scale), _vector(self.out_scale)
-        (router_logits,) = scaled_linear(hidden_states, (self.weight,), (in_scale,), (out_scale,))
+        if _records_no_gradient():
+            (weight,) = _folded_for_inference(self, lambda: (_folded(self.weight, in_scale, out_scale),))
+            router_logits = F.linear(hidden_states, weight)
+        else:
+            _drop_inference_weights(self)
+            (router_logits,) = scaled_linear(hidden_states, (self.weight,), (in_scale,), (out_scale,))
         router_probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
         top_k_weights, top_k_index = torch.topk(router_probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
         return router_logits, top_k_weights.to(router_logits.dtype), top_k_index
-
-
-def _folded(weight: torch.Tensor, in_scale: torch.Tensor | None, out_scale: torch.Tensor | None) -> torch.Tensor:
-    """`diag(b) W diag(a)` by differentiable ops, for weights (..., out, in) and scales (..., in) / (..., out)."""
-    if out_scale is not None:
-        weight = weight * out_scale.unsqueeze(-1)
-    return weight if in_scale is None else weight * in_scale.unsqueeze(-2)
 
 
 class _FoldedExperts:
@@ -509,17 +542,17 @@ class ScaleVecExperts(nn.Module):
         order = flat_index.argsort(stable=True)
         token_index = order // top_k_index.shape[-1]
         group_sizes = _group_sizes(flat_index[order], self.num_experts)
-        gate_up = self.gate_up_proj.unflatten(1, (2, self.intermediate_size))
-        (hidden,) = scaled_linear(
-            hidden_states[token_index],
-            (gate_up,),
-            (_vector(self.gate_up_in_scale),),
-            (_vector(self.gate_up_out_scale),),
-            group_sizes,
-        )
+        if _records_no_gradient():
+            gate_up, down = _folded_for_inference(self, self.folded_weights)
+            gate_up_scales = down_scales = (None,), (None,)
+        else:
+            _drop_inference_weights(self)
+            gate_up, down = self.gate_up_proj.unflatten(1, (2, self.intermediate_size)), self.down_proj
+            gate_up_scales = (_vector(self.gate_up_in_scale),), (_vector(self.gate_up_out_scale),)
+            down_scales = (_vector(self.down_in_scale),), (_vector(self.down_out_scale),)
+        (hidden,) = scaled_linear(hidden_states[token_index], (gate_up,), *gate_up_scales, group_sizes)
         gate, up = hidden.chunk(2, dim=-1)
-        down_scales = (_vector(self.down_in_scale),), (_vector(self.down_out_scale),)
-        (hidden,) = scaled_linear(self.act_fn(gate) * up, (self.down_proj,), *down_scales, group_sizes)
+        (hidden,) = scaled_linear(self.act_fn(gate) * up, (down,), *down_scales, group_sizes)
         hidden = hidden * top_k_weights.reshape(-1)[order, None]
         # Undo the sort and sum over the k choices: deterministic on every device, unlike `index_add_`.
         inverse = torch.empty_like(order)

@@ -1,0 +1,82 @@
+"""Folded weights cached for inference: computed once when no gradient is recorded, never stale after an optimizer
+step, `load_state_dict` or a dtype change, dropped when training resumes."""
+
+import copy
+
+import pytest
+import torch
+
+from scalevec import ScaleVecForCausalLM
+
+from ._helpers import logits, random_ids, randomize_scales, tiny_config, tiny_moe_config
+
+
+def unified(moe: bool) -> ScaleVecForCausalLM:
+    torch.manual_seed(0)
+    config = tiny_moe_config(shared_expert_intermediate_size=8) if moe else tiny_config()
+    model = ScaleVecForCausalLM(config).eval()
+    randomize_scales(model)
+    return model
+
+
+def cached_owners(model) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if "_inference_weights" in vars(m)]
+
+
+def with_grad_logits(model, ids) -> torch.Tensor:
+    """The training path (folding on the fly), which records a gradient."""
+    return model(ids).logits.detach()
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_cached_inference_equals_the_training_path_and_generates_the_same_tokens(moe):
+    model = unified(moe)
+    ids = random_ids(model.config)
+    training = with_grad_logits(model, ids)
+    assert cached_owners(model) == []
+    torch.testing.assert_close(logits(model, ids), training, atol=1e-5, rtol=0)
+    assert cached_owners(model)
+
+    prompt = ids[:, :4]
+    cached = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    tokens, cache = prompt, None  # the same greedy decoding with every step on the training path
+    for _ in range(8):
+        step = model(tokens if cache is None else tokens[:, -1:], cache=cache, use_cache=True)
+        cache = step.cache
+        tokens = torch.cat([tokens, step.logits[:, -1:].argmax(-1)], dim=-1)
+    assert torch.equal(cached, tokens)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_cache_follows_optimizer_steps_loaded_weights_and_dtype(moe):
+    model = unified(moe)
+    ids = random_ids(model.config)
+    logits(model, ids)  # fills the cache
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(ids, labels=ids).loss.backward()
+    optimizer.step()
+    fresh = ScaleVecForCausalLM(model.config).eval()
+    fresh.load_state_dict(model.state_dict())
+    torch.testing.assert_close(logits(model, ids), logits(fresh, ids), atol=1e-5, rtol=0)
+
+    other = unified(moe)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(1.1)
+    model.load_state_dict(other.state_dict())
+    torch.testing.assert_close(logits(model, ids), logits(other, ids), atol=1e-5, rtol=0)
+
+    reference = copy.deepcopy(other).double()
+    torch.testing.assert_close(logits(model.double(), ids), logits(reference, ids), atol=1e-10, rtol=0)
+    assert all(w.dtype == torch.float64 for m in cached_owners(model) for w in vars(m)["_inference_weights"][1])
+
+
+def test_training_drops_the_cache():
+    model = unified(moe=True)
+    ids = random_ids(model.config)
+    logits(model, ids)
+    assert len(cached_owners(model)) > 0
+    model.train()
+    model(ids, labels=ids).loss.backward()
+    assert cached_owners(model) == []
