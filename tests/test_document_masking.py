@@ -4,6 +4,7 @@ document, and the model then gives every document the logits it gets alone."""
 import pytest
 import torch
 from transformers import DataCollatorForLanguageModeling
+from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 
 from scalevec import ScaleVecForCausalLM
 from scalevec.train import DataArguments, build_datasets, default_tokenizer, pack
@@ -93,11 +94,19 @@ def test_each_document_gets_the_logits_it_gets_alone(packed_blocks, tokenizer, m
         assert torch.allclose(crossing[row, span], masked[row, span], atol=1e-5) == (span.start == 0)
 
 
-def test_flattened_blocks_train_exactly_as_rows(packed_blocks, tokenizer):
+def test_flattened_blocks_train_exactly_as_rows_and_split_into_documents_for_flash_attention(packed_blocks, tokenizer):
     model = tiny_model(tokenizer, moe=False, attention="sdpa")
     rows = DocumentMaskingCollator()(packed_blocks)
     flattened = DocumentMaskingCollator(flatten=True)(packed_blocks)
     assert flattened["input_ids"].shape == (1, 32 * len(packed_blocks))
+    # the sequences that flash attention's varlen kernel is given: one per document of every block
+    (starts, _), _ = prepare_fa_kwargs_from_position_ids(flattened["position_ids"])
+    spans = [
+        (32 * row + span.start, 32 * row + span.stop)
+        for row in range(len(packed_blocks))
+        for span in documents_in(rows["position_ids"][row])
+    ]
+    assert list(zip(starts[:-1].tolist(), starts[1:].tolist())) == spans
     with torch.no_grad():
         loss = model(**rows, use_cache=False).loss.item()
         assert model(**flattened, use_cache=False).loss.item() == pytest.approx(loss, abs=1e-6)
