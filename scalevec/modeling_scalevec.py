@@ -95,6 +95,9 @@ class ScaleVecRMSNorm(ScaleVecScale):
         return hidden_states.to(input_dtype) if scale is None else scale * hidden_states.to(input_dtype)
 
 
+# --- Kernels: scaled matmuls with the scales folded into the weights, grouped GEMMs for experts --------------------
+
+
 def _group_sizes(sorted_groups: torch.Tensor, num_groups: int) -> torch.Tensor:
     """Rows per group of a sorted group index. `searchsorted`, not `bincount`: the output shape does not depend on
     the data (torch.compile traces it), there is no host sync, and it is deterministic on GPUs, unlike `histc`."""
@@ -174,19 +177,19 @@ def _effective_weight(weight, in_scale, out_scale, grouped: bool, dtype: torch.d
 
 
 def _scale_grads(grad_eff, weight, in_scale, out_scale):
-    """Gradients of W, a and b from the gradient of the folded weight `diag(b) W diag(a)` (shape (..., out, in))."""
+    """Gradients of W, a and b from the gradient G of the folded weight `diag(b) W diag(a)` (shape (..., out, in)):
+    `diag(b) G diag(a)`, and the column / row sums of `G * W` weighted by the other scale (a matmul, no temporary)."""
     grad_eff = grad_eff.reshape(weight.shape).to(weight.dtype)
+    if in_scale is None and out_scale is None:
+        return grad_eff, None, None
+    product = grad_eff * weight
     grad_in = grad_out = None
-    if in_scale is not None or out_scale is not None:
-        product = grad_eff * weight
-        if in_scale is not None:
-            grad_in = product.sum(-2) if out_scale is None else (out_scale.unsqueeze(-2) @ product).squeeze(-2)
-        if out_scale is not None:
-            grad_out = product.sum(-1) if in_scale is None else (product @ in_scale.unsqueeze(-1)).squeeze(-1)
-        if out_scale is not None:
-            grad_eff = grad_eff.mul_(out_scale.unsqueeze(-1))
-        if in_scale is not None:
-            grad_eff = grad_eff.mul_(in_scale.unsqueeze(-2))
+    if in_scale is not None:
+        grad_in = product.sum(-2) if out_scale is None else (out_scale.unsqueeze(-2) @ product).squeeze(-2)
+        grad_eff.mul_(in_scale.unsqueeze(-2))
+    if out_scale is not None:
+        grad_out = product.sum(-1) if in_scale is None else (product @ in_scale.unsqueeze(-1)).squeeze(-1)
+        grad_eff.mul_(out_scale.unsqueeze(-1))
     return grad_eff, grad_in, grad_out
 
 
@@ -249,6 +252,9 @@ def scaled_linear(
 ) -> tuple[torch.Tensor, ...]:
     """Several scaled linear maps of the same input in one autograd node; one output per map."""
     return _ScaledLinearFunction.apply(x, group_sizes, len(weights), *weights, *in_scales, *out_scales)
+
+
+# --- Projections: nn.Linear layers and the scale vectors around them -----------------------------------------------
 
 
 def _vector(scale: ScaleVecScale | None) -> torch.Tensor | None:
@@ -397,6 +403,9 @@ class ScaleVecProjections(nn.Module):
         super().__setattr__(name, value)
 
 
+# --- The decoder, in modeling_llama.py's order: rotary, MLP, MoE, attention, layer, model, heads -------------------
+
+
 class ScaleVecRotaryEmbedding(nn.Module):
     def __init__(self, config: ScaleVecConfig):
         super().__init__()
@@ -442,7 +451,9 @@ class ScaleVecMLP(ScaleVecProjections):
         self.up_proj = ScaleVecLinear(config.hidden_size, intermediate_size, config, reads_norm=True)
         # down reads silu(gate) * up, whose features up's row scales already multiply
         covered = "in" if config.linear_scale == "both" else ""
-        self.down_proj = ScaleVecLinear(intermediate_size, config.hidden_size, config, False, scaled_elsewhere=covered)
+        self.down_proj = ScaleVecLinear(
+            intermediate_size, config.hidden_size, config, reads_norm=False, scaled_elsewhere=covered
+        )
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x):
@@ -626,7 +637,7 @@ class ScaleVecAttention(ScaleVecProjections):
         self.k_proj = ScaleVecLinear(config.hidden_size, kv_size, config, reads_norm=True)
         # attention mixes v's features linearly, and o's column scales (per query head: finer under GQA) cover them
         covered = "out" if config.linear_scale == "both" else ""
-        self.v_proj = ScaleVecLinear(config.hidden_size, kv_size, config, True, scaled_elsewhere=covered)
+        self.v_proj = ScaleVecLinear(config.hidden_size, kv_size, config, reads_norm=True, scaled_elsewhere=covered)
         self.o_proj = ScaleVecLinear(q_size, config.hidden_size, config, reads_norm=False)
         qk_norm = ScaleVecRMSNorm if config.qk_norm else nn.Identity
         self.q_norm = qk_norm(self.head_dim, config, role="output")
