@@ -111,6 +111,7 @@ def pack_with_positions(
 
 
 def _counted_from_block_start(positions: list[int]) -> list[int]:
+    """Positions with the leading rest of a document begun in an earlier block counted from 0."""
     offset = positions[0]
     if offset == 0:
         return positions
@@ -210,7 +211,7 @@ class DocumentMaskingCollator:
 
 def language_modeling_collator(
     tokenizer: PreTrainedTokenizerBase, document_masking: bool, model_config: PreTrainedConfig
-):
+) -> DataCollatorForLanguageModeling | DocumentMaskingCollator:
     """The collator of `scalevec-train`'s packed blocks, for a model of `model_config`."""
     if document_masking:
         return DocumentMaskingCollator(flatten=is_flash_attention_requested(model_config))
