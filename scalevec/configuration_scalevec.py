@@ -4,10 +4,24 @@ Standard decoder fields are named as in `LlamaConfig` / `Qwen3MoeConfig`; the sc
 `scale_preset` and the three fields it expands to (`norm_scale`, `linear_scale`, `scale_param`).
 """
 
-from huggingface_hub.dataclasses import strict
-from transformers.activations import ACT2FN
-from transformers.configuration_utils import PreTrainedConfig
-from transformers.modeling_rope_utils import RopeParameters
+import re
+
+import transformers
+
+# Checked before anything else of transformers is imported: an older release would fail on a moved name instead.
+MINIMUM_TRANSFORMERS = (5, 19)
+_installed = tuple(int(part) for part in re.match(r"\d+(?:\.\d+)*", transformers.__version__).group().split("."))
+if _installed < MINIMUM_TRANSFORMERS:
+    _minimum = ".".join(map(str, MINIMUM_TRANSFORMERS))
+    raise ImportError(
+        f"ScaleVec's model code needs transformers >= {_minimum}; this environment has transformers "
+        f"{transformers.__version__}. Upgrade it: pip install -U 'transformers>={_minimum}'"
+    )
+
+from huggingface_hub.dataclasses import strict  # noqa: E402
+from transformers.activations import ACT2FN  # noqa: E402
+from transformers.configuration_utils import PreTrainedConfig  # noqa: E402
+from transformers.modeling_rope_utils import RopeParameters  # noqa: E402
 
 NORM_SCALES = ("none", "shared", "branch")
 LINEAR_SCALES = ("none", "in", "out", "both")
@@ -56,7 +70,7 @@ class ScaleVecConfig(PreTrainedConfig):
     """
 
     model_type = "scalevec"
-    keys_to_ignore_at_inference = ["cache", "aux_loss", "router_logits"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values", "aux_loss", "router_logits"]
     attribute_map = {"num_local_experts": "num_experts"}
     # Llama's / Qwen3-MoE's plans: every projection is an `nn.Linear`, its scales cut as its weight is sharded.
     base_model_tp_plan = {

@@ -4,6 +4,8 @@
 Ships to the Hub beside `configuration_scalevec.py`: imports only `torch`, `transformers` and that file.
 """
 
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -29,7 +31,7 @@ from transformers.modeling_outputs import (
     MoeModelOutputWithPast,
 )
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, auto_docstring, can_return_tuple
@@ -38,6 +40,28 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_scalevec import ScaleVecConfig
+
+# --- Compatibility: transformers 5.19 to 5.23 call the cache `past_key_values` everywhere (5.24 renamed it) -----
+OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+
+
+def legacy_cache_name(forward: Callable) -> Callable:
+    """Accept `past_key_values=` for `cache=`: as its deprecated name where transformers renamed it (with
+    transformers' warning), silently where it is still the current name."""
+    if OUTPUT_CACHE_FIELD == "cache":
+        return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")(forward)
+
+    @functools.wraps(forward)
+    def renamed(*args, past_key_values: Cache | None = None, **kwargs):
+        if past_key_values is not None:
+            kwargs["cache"] = past_key_values
+        return forward(*args, **kwargs)
+
+    return renamed
+
+
+# --- End of compatibility ----------------------------------------------------------------------------------------
 
 try:
     from torch.distributed.tensor import DTensor, Shard
@@ -643,7 +667,7 @@ class ScaleVecAttention(ScaleVecProjections):
         self.q_norm = qk_norm(self.head_dim, config, role="output")
         self.k_norm = qk_norm(self.head_dim, config, role="output")
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @legacy_cache_name
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -696,7 +720,7 @@ class ScaleVecDecoderLayer(GradientCheckpointingLayer):
         self.attention_output_layernorm = output_norm(config.hidden_size, config, role="output")
         self.mlp_output_layernorm = output_norm(config.hidden_size, config, role="output")
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @legacy_cache_name
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -798,7 +822,7 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @legacy_cache_name
     @merge_with_config_defaults
     @capture_outputs
     @auto_docstring
@@ -812,6 +836,10 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPast | MoeModelOutputWithPast:
+        r"""
+        cache (`Cache`, *optional*):
+            The keys and values of the tokens seen so far (called `past_key_values` before transformers 5.24).
+        """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
@@ -827,8 +855,8 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            cache=cache,
             position_ids=position_ids,
+            **{MASK_CACHE_ARGUMENT: cache},
         )
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
@@ -844,7 +872,7 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
             )
         hidden_states = self.norm(hidden_states)
         output_type = MoeModelOutputWithPast if self.config.num_experts else BaseModelOutputWithPast
-        return output_type(last_hidden_state=hidden_states, cache=cache)
+        return output_type(last_hidden_state=hidden_states, **{OUTPUT_CACHE_FIELD: cache})
 
 
 def real_token_mask(attention_mask: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor | None:
@@ -886,7 +914,7 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @legacy_cache_name
     @can_return_tuple
     @auto_docstring
     def forward(
@@ -902,6 +930,12 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast | MoeCausalLMOutputWithPast:
+        r"""
+        cache (`Cache`, *optional*):
+            The keys and values of the tokens seen so far (called `past_key_values` before transformers 5.24).
+        output_router_logits (`bool`, *optional*):
+            Return the router logits and the load-balancing loss (MoE only). Default: when training with labels.
+        """
         moe = self.config.num_experts > 0
         if output_router_logits and not moe:
             raise ValueError("`output_router_logits` needs a mixture-of-experts model (`num_experts` > 0)")
@@ -918,13 +952,15 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
             **router_kwargs,
             **kwargs,
         )
-        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        hidden_states = outputs.last_hidden_state[:, kept, :]
         logits = self.lm_head(hidden_states)
 
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        fields = dict(logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states)
+        fields = {"logits": logits, "hidden_states": outputs.hidden_states}
+        fields[OUTPUT_CACHE_FIELD] = getattr(outputs, OUTPUT_CACHE_FIELD)
         if not moe:
             return CausalLMOutputWithPast(loss=loss, attentions=outputs.attentions, **fields)
 

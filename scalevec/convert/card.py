@@ -14,7 +14,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..atomic import write_text_atomically
-from ..configuration_scalevec import SCALE_FIELDS, SCALE_PRESETS, ScaleVecConfig
+from ..configuration_scalevec import MINIMUM_TRANSFORMERS, SCALE_FIELDS, SCALE_PRESETS, ScaleVecConfig
 from ..run_records import RUN_PICTURE, RunRecords, logged_entries, read_json, read_run_records
 from .checkpoint import Checkpoint
 from .errors import CheckpointError
@@ -276,7 +276,8 @@ def _loading(folder: Path, export_target: str, repo: str) -> tuple[str, str]:
         note = (
             "The model code ships with the checkpoint (`configuration_scalevec.py`, `modeling_scalevec.py`, which "
             "import only `torch` and `transformers`), so ScaleVec need not be installed: `trust_remote_code=True` "
-            "runs that code."
+            f"runs that code. It needs transformers >= {'.'.join(map(str, MINIMUM_TRANSFORMERS))} (and says so "
+            'on an older one); vLLM serves it with its Transformers backend (`model_impl="transformers"`).'
         )
     else:
         architectures = (read_json(folder / "config.json") or {}).get("architectures") or ["AutoModelForCausalLM"]
