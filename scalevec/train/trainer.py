@@ -13,8 +13,10 @@ from transformers import Trainer, TrainingArguments
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 from transformers.utils import logging
+from transformers.utils.output_capturing import maybe_install_capturing_hooks
 
 from ..atomic import commit_folder, remove_folder, writes_into
+from ..modeling_scalevec import ScaleVecModel
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback
 from .optim import DecayConfig, MuonAdamW, describe_groups, parameter_groups
 
@@ -98,6 +100,14 @@ def token_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _install_output_hooks(model: torch.nn.Module) -> None:
+    """transformers installs the hooks that record router logits on a model's first call, under a lock that
+    torch.compile cannot trace: graph breaks that split every compiled step after it too. Install them first."""
+    for module in model.modules():
+        if isinstance(module, ScaleVecModel):
+            maybe_install_capturing_hooks(module)
+
+
 class ScaleVecTrainer(Trainer):
     """A `Trainer` whose optimizer groups come from `model.scale_vector_roles()`: matrices and input-role scales
     decayed, output-role scales not. The stock Trainer exempts every parameter named "norm" from weight decay,
@@ -111,6 +121,8 @@ class ScaleVecTrainer(Trainer):
         # `--resume-weights-only`: the checkpoint lacks optimizer or scheduler state, and both start afresh.
         self.fresh_optimizer_on_resume = False
         super().__init__(*args, **kwargs)
+        if self.args.torch_compile:
+            _install_output_hooks(self.model)
         self.bytes_per_token = bytes_per_token
         if getattr(self.args, "scale_stats", True):
             callbacks = self.callback_handler.callbacks
@@ -139,10 +151,13 @@ class ScaleVecTrainer(Trainer):
             lr=self.args.learning_rate, betas=(self.args.adam_beta1, self.args.adam_beta2), eps=self.args.adam_epsilon
         )
         if optim == "muon":
-            if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            # FSDP2 keeps each parameter a (sharded) matrix, which MuonAdamW gathers; FSDP1 and ZeRO flatten them.
+            plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
+            fsdp2 = self.is_fsdp_enabled and getattr(plugin, "fsdp_version", 1) == 2
+            if (self.is_fsdp_enabled and not fsdp2) or self.is_deepspeed_enabled:
                 raise ValueError(
-                    "--optim muon orthogonalises whole matrices, which FSDP and DeepSpeed ZeRO shard across "
-                    "processes: use AdamW with them, or Muon with plain data parallelism (torchrun)"
+                    "--optim muon orthogonalises whole matrices, which FSDP1 and DeepSpeed ZeRO shard as flat "
+                    "buffers: use FSDP2 (fsdp_version: 2), plain data parallelism (torchrun), or AdamW with them"
                 )
             self.optimizer = MuonAdamW(
                 groups, momentum=self.args.muon_momentum, adjust_lr_fn=self.args.muon_adjust_lr, fused=True, **kwargs
