@@ -1,6 +1,8 @@
 """Document masking (`scalevec-train --document-masking`): packed blocks carry position ids that restart at every
 document, and the model then gives every document the logits it gets alone."""
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import DataCollatorForLanguageModeling
@@ -43,15 +45,24 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def packed_blocks(tokenizer, tmp_path_factory):
-    """Blocks of the data pipeline under --document-masking: short documents, several to a block, some cut."""
+def short_documents(tmp_path_factory) -> DataArguments:
+    """--document-masking on documents much shorter than --seq-len: several to a block, some cut by its end."""
     texts = [text[:40] for text in corpus_texts(40)]
     path = write_dataset(tmp_path_factory.mktemp("documents"), "jsonl", texts)
-    arguments = DataArguments(dataset=str(path), seq_len=32, eval_every=0, document_masking=True)
-    in_memory = build_datasets(arguments, tokenizer, seed=0).train
-    arguments.streaming, arguments.shuffle_buffer = True, 1  # a buffer of one keeps the order
-    assert [dict(row) for row in build_datasets(arguments, tokenizer, seed=0).train] == in_memory.to_list()
-    return in_memory.select(range(4)).to_list()
+    return DataArguments(dataset=str(path), seq_len=32, eval_every=0, document_masking=True)
+
+
+@pytest.fixture(scope="module")
+def packed_blocks(tokenizer, short_documents):
+    """The first blocks of the data pipeline, as the collator receives them."""
+    return build_datasets(short_documents, tokenizer, seed=0).train.select(range(4)).to_list()
+
+
+def test_streamed_blocks_carry_the_same_positions(tokenizer, short_documents):
+    in_memory = build_datasets(short_documents, tokenizer, seed=0).train.to_list()
+    streaming = dataclasses.replace(short_documents, streaming=True, shuffle_buffer=1)  # a buffer of one keeps order
+    streamed = [dict(row) for row in build_datasets(streaming, tokenizer, seed=0).train]
+    assert streamed == in_memory and all(set(row) == {"input_ids", "position_ids"} for row in streamed)
 
 
 def documents_in(position_ids: torch.Tensor) -> list[slice]:
