@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from scalevec.convert import TargetError, fold_checkpoint
@@ -120,4 +121,35 @@ def test_a_source_shrinking_while_it_is_read_is_an_error_not_a_crash(tmp_path):
     (error,) = convert_errors(result.stderr)
     assert f"{tmp_path / 'src' / 'model.safetensors'} ended inside tensor" in error
     assert "shrank while it was being read" in error
+    assert names_in(tmp_path) == ["src"]
+
+
+SHRINK_BIN_WHILE_READING = """
+import os, sys
+import scalevec.convert.checkpoint as checkpoint
+from scalevec.convert.cli import main
+
+load = checkpoint._load_bin
+
+def load_then_shrink(file, device="cpu"):
+    state = load(file, device)
+    if device != "meta":  # reading tensors, not only their names and shapes
+        os.truncate(file, 200)  # another process rewrites the source while the export reads it
+    return state
+
+checkpoint._load_bin = load_then_shrink
+sys.exit(main(["export", sys.argv[1], sys.argv[2], "--to", "llama", "-q"]))
+"""
+
+
+def test_a_bin_source_shrinking_while_it_is_read_is_an_error_not_a_crash(tmp_path):
+    """As for safetensors: the tensors already read stay valid, and the next read fails with a message."""
+    model = saved_scalevec(tmp_path / "src", tiny_config())
+    (tmp_path / "src" / "model.safetensors").unlink()
+    torch.save(model.state_dict(), tmp_path / "src" / "pytorch_model.bin")  # the zip format, which can be mapped
+    result = run_python(SHRINK_BIN_WHILE_READING, str(tmp_path / "src"), str(tmp_path / "out"))
+    assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
+    (error,) = convert_errors(result.stderr)
+    assert f"{tmp_path / 'src' / 'pytorch_model.bin'} is not a readable PyTorch state dict" in error
+    assert "changed while it was being read" in error
     assert names_in(tmp_path) == ["src"]

@@ -18,6 +18,7 @@ from ..configuration_scalevec import MINIMUM_TRANSFORMERS, SCALE_FIELDS, SCALE_P
 from ..run_records import RUN_PICTURE, RunRecords, logged_entries, read_json, read_run_records
 from .checkpoint import Checkpoint
 from .errors import CheckpointError
+from .heads import CAUSAL_LM, Head, head_of
 from .meta_model import num_parameters, scale_parameters
 from .pipeline import BeforeCommit, ConversionResult
 
@@ -57,26 +58,27 @@ def write_model_card(
     names the model unless `model_name` does (default: the folder's name); `picture` is copied into `folder` and
     shown on the card."""
     folder = Path(folder)
+    head = head_of(read_json(folder / "config.json") or {}, folder / "config.json")
     records = read_run_records(run_dir) if run_dir is not None else RunRecords()
     model_name = model_name or repo_id or folder.name
     eval_results = _eval_results(records.eval_metrics, datasets)
     card_data = ModelCardData(
         model_name=model_name if eval_results else None,  # the model-index needs it; otherwise it is noise
         library_name="transformers",
-        pipeline_tag="text-generation",
+        pipeline_tag=head.pipeline_tag,
         license=license,
-        tags=_tags(source_config, export_target),
+        tags=_tags(source_config, export_target, head),
         datasets=list(datasets) or None,
         base_model=base_model,
         eval_results=eval_results or None,
     )
-    load_note, load_snippet = _loading(folder, export_target, repo_id or "path/to/this/checkpoint")
+    load_note, load_snippet = _loading(folder, export_target, head, repo_id or "path/to/this/checkpoint")
     card = ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATE),
         model_name=model_name,
-        summary=_summary(source_config, export_target, base_model),
-        architecture=_architecture_rows(source_config, folder, export_target),
+        summary=_summary(source_config, export_target, head, base_model),
+        architecture=_architecture_rows(source_config, folder, export_target, head),
         training=_training_rows(records),
         training_sources=", ".join(f"`{source}`" for source in records.sources),
         picture=_place_picture(folder, Path(picture)) if picture is not None else None,
@@ -137,8 +139,8 @@ def _strategy_name(config: ScaleVecConfig) -> str:
     return next((name for name, preset in SCALE_PRESETS.items() if preset == fields), "custom")
 
 
-def _tags(config: ScaleVecConfig, export_target: str) -> list[str]:
-    tags = ["scalevec", f"scalevec-{_strategy_name(config)}", "text-generation"]
+def _tags(config: ScaleVecConfig, export_target: str, head: Head) -> list[str]:
+    tags = ["scalevec", f"scalevec-{_strategy_name(config)}", head.pipeline_tag]
     if export_target != "scalevec":
         tags.append(export_target)  # a stock architecture: the Hub and other engines know it by this name
     if config.num_experts:
@@ -146,7 +148,7 @@ def _tags(config: ScaleVecConfig, export_target: str) -> list[str]:
     return tags
 
 
-def _summary(config: ScaleVecConfig, export_target: str, base_model: str | None) -> str:
+def _summary(config: ScaleVecConfig, export_target: str, head: Head, base_model: str | None) -> str:
     kind = "mixture-of-experts" if config.num_experts else "dense"
     published = (
         "a ScaleVec checkpoint that loads with `trust_remote_code=True`"
@@ -155,10 +157,11 @@ def _summary(config: ScaleVecConfig, export_target: str, base_model: str | None)
     )
     origin = f", imported from [{base_model}](https://huggingface.co/{base_model})" if base_model else ""
     strategy = f"the **{_strategy_name(config)}** scale-vector strategy"
-    return f"A {kind} decoder language model with {strategy}{origin}, published as {published}."
+    model = "decoder language model" if head is CAUSAL_LM else f"decoder with a {head.name} head"
+    return f"A {kind} {model} with {strategy}{origin}, published as {published}."
 
 
-def _architecture_rows(config: ScaleVecConfig, folder: Path, export_target: str) -> list[tuple[str, str]]:
+def _architecture_rows(config: ScaleVecConfig, folder: Path, export_target: str, head: Head) -> list[tuple[str, str]]:
     rows = [
         ("published format", _published_format(folder, export_target)),
         ("scale strategy", f"{_strategy_name(config)} (`scale_preset={config.scale_preset}`)"),
@@ -178,7 +181,7 @@ def _architecture_rows(config: ScaleVecConfig, folder: Path, export_target: str)
         ("context length", str(config.max_position_embeddings)),
         ("tied embeddings", str(config.tie_word_embeddings)),
     ]
-    return rows + _moe_rows(config) + _parameter_rows(config, folder)
+    return rows + _moe_rows(config) + _parameter_rows(config, folder, head)
 
 
 def _moe_rows(config: ScaleVecConfig) -> list[tuple[str, str]]:
@@ -194,8 +197,8 @@ def _moe_rows(config: ScaleVecConfig) -> list[tuple[str, str]]:
     ]
 
 
-def _parameter_rows(config: ScaleVecConfig, folder: Path) -> list[tuple[str, str]]:
-    total, scales = num_parameters(config), sum(scale_parameters(config).values())
+def _parameter_rows(config: ScaleVecConfig, folder: Path, head: Head) -> list[tuple[str, str]]:
+    total, scales = num_parameters(config, head), sum(scale_parameters(config).values())
     rows = [
         (
             "parameters of the ScaleVec model",
@@ -269,10 +272,10 @@ def _eval_results(metrics: dict[str, float], datasets: Sequence[str]) -> list[Ev
     ]
 
 
-def _loading(folder: Path, export_target: str, repo: str) -> tuple[str, str]:
+def _loading(folder: Path, export_target: str, head: Head, repo: str) -> tuple[str, str]:
     """(a sentence on what loading needs, the Python snippet)."""
     if export_target == "scalevec":
-        model_class, extra = "AutoModelForCausalLM", ", trust_remote_code=True"
+        model_class, extra = head.auto_class.__name__, ", trust_remote_code=True"
         note = (
             "The model code ships with the checkpoint (`configuration_scalevec.py`, `modeling_scalevec.py`, which "
             "import only `torch` and `transformers`), so ScaleVec need not be installed: `trust_remote_code=True` "

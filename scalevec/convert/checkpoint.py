@@ -1,13 +1,13 @@
 """Reading a checkpoint folder lazily: config, weight files (safetensors, or `.bin` through
 `torch.load(weights_only=True)`), and the names, shapes and dtypes of its tensors, with errors that name the file
-or tensor at fault. Tensors are read a few at a time and each file is closed again, so that what is resident is
-what the converter is working on, never the whole model."""
+or tensor at fault. Tensors are read a few at a time (from a `.bin`, which cannot be read in parts: its file whole)
+and each file is closed again, so that what is resident is what the converter is working on, never the whole
+model."""
 
 import json
 import math
 import pickle
 import struct
-import zipfile
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -162,7 +162,7 @@ def _tensors_of(file: Path) -> dict[str, TensorInfo]:
             raise CheckpointError(
                 f"{file} is not a readable safetensors file (truncated or corrupted?): {error}"
             ) from error
-    return {name: TensorInfo(file, tuple(t.shape), t.dtype) for name, t in _load_bin(file).items()}
+    return {name: TensorInfo(file, tuple(t.shape), t.dtype) for name, t in _load_bin(file, "meta").items()}
 
 
 def _data_offsets(file: Path) -> dict[str, int]:
@@ -180,11 +180,11 @@ def _inside_folder(file_name: str) -> bool:
     return not path.is_absolute() and ".." not in path.parts
 
 
-def _load_bin(file: Path) -> dict[str, torch.Tensor]:
-    """A `.bin` state dict; never unpickles anything but tensors. The zip format of `torch.save` is memory-mapped
-    (nothing is read until used); the legacy format, which cannot be, is read whole."""
+def _load_bin(file: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """A `.bin` state dict; never unpickles anything but tensors. Read whole with plain reads, not through a memory
+    map, for the reason `_read_tensor` gives; on the meta device only the names, shapes and dtypes are read."""
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+        state = torch.load(file, map_location=device, weights_only=True, mmap=False)
     except pickle.UnpicklingError as error:
         if "Weights only load failed" not in str(error):  # torch's words for a pickle it refuses to run
             raise _unreadable_bin(file, error) from error
@@ -230,7 +230,10 @@ def _read_tensor(handle, name: str, info: TensorInfo) -> torch.Tensor:
 
 
 def _unreadable_bin(file: Path, error: Exception) -> CheckpointError:
-    return CheckpointError(f"{file} is not a readable PyTorch state dict (truncated or corrupted?): {error}")
+    return CheckpointError(
+        f"{file} is not a readable PyTorch state dict (truncated, corrupted, or changed while it was being read?): "
+        f"{error}"
+    )
 
 
 def count_nonfinite(tensor: torch.Tensor) -> int:

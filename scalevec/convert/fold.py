@@ -6,13 +6,14 @@ Qwen3 / Qwen3-MoE layout): every branch, column and row scale is multiplied into
 become plain norm weights. An input norm whose consumers all end up with the same column factor keeps that factor
 as its weight and leaves their matrices untouched (this is how a standard checkpoint, or one imported from a stock
 model, folds back to its original weights); otherwise its weight is ones. The final norm's scale always stays its
-weight, so tied embeddings stay tied.
+weight, so tied embeddings stay tied and the head's layer (any head's: see heads.py) passes through unchanged.
 """
 
 import torch
 
 from .errors import ConversionError
-from .layout import EMBEDDINGS, FINAL_NORM, INNER_LINEARS, LM_HEAD, NORM_CONSUMERS, OUTPUT_NORMS, LinearSite
+from .heads import HEAD_LAYERS
+from .layout import EMBEDDINGS, FINAL_NORM, INNER_LINEARS, NORM_CONSUMERS, OUTPUT_NORMS, LinearSite
 from .scales import common_vector, pop_vector, product, ratio, scale_matrix
 from .units import EMBED, HEAD, add_prefix, strip_prefix
 
@@ -28,13 +29,18 @@ def fold_unit(unit: str, tensors: Tensors, hidden_size: int) -> Tensors:
     elif unit == HEAD:
         norm = pop_vector(remaining, FINAL_NORM)
         folded = {f"{FINAL_NORM}.weight": torch.ones(hidden_size) if norm is None else norm}
-        if LM_HEAD in remaining:  # absent with tied embeddings
-            folded[LM_HEAD] = remaining.pop(LM_HEAD)
+        folded |= _pop_head_layer(remaining)
     else:
         folded = _fold_layer(remaining)
     if remaining:
         raise ConversionError(f"folding does not know these tensors: {sorted(add_prefix(unit, remaining))}")
     return add_prefix(unit, folded)
+
+
+def _pop_head_layer(tensors: Tensors) -> Tensors:
+    """The weight and bias of the head's layer (none for an LM head tied to the embeddings)."""
+    names = [key for key in tensors if key.partition(".")[0] in HEAD_LAYERS]
+    return {key: tensors.pop(key) for key in names}
 
 
 def _fold_layer(tensors: Tensors) -> Tensors:

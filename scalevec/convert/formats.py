@@ -8,11 +8,13 @@ ScaleVec names. Stock formats hold the folded form: their matrices and norm weig
 from dataclasses import dataclass
 
 import torch
+import transformers
 from transformers import LlamaConfig, MixtralConfig, PreTrainedConfig, Qwen3Config, Qwen3MoeConfig
 
 from ..configuration_scalevec import ScaleVecConfig
 from .checkpoint import Checkpoint
 from .errors import CheckpointError, ConversionError
+from .heads import Head, head_fields
 from .units import add_prefix, layer_index, strip_prefix
 
 Tensors = dict[str, torch.Tensor]
@@ -56,12 +58,19 @@ class ExpertKeys:
 
 
 class Format:
-    """The ScaleVec format itself: ScaleVec names on disk, any configuration."""
+    """The ScaleVec format itself: ScaleVec names on disk, any configuration, every head."""
 
     name = "scalevec"
     model_type = "scalevec"
-    architecture = "ScaleVecForCausalLM"
     experts: ExpertKeys | None = None
+
+    def architecture(self, head: Head) -> str | None:
+        """The class of a `head` model in this format (None: there is none)."""
+        return f"ScaleVec{head.suffix}"
+
+    def base_prefix(self, head: Head) -> str:
+        """Where a `head` model of this format keeps its base model: the prefix of the base model's tensors."""
+        return "model"
 
     def blockers(self, config: ScaleVecConfig) -> list[str]:
         """Why this format cannot express the folded `config` (empty: it can)."""
@@ -70,16 +79,24 @@ class Format:
     def warnings(self, config: ScaleVecConfig) -> list[str]:
         return []
 
-    def to_disk(self, unit: str, tensors: Tensors, config: ScaleVecConfig) -> Tensors:
-        """ScaleVec names -> this format's names, for the tensors of one unit."""
+    def to_disk(self, unit: str, tensors: Tensors, config: ScaleVecConfig, head: Head) -> Tensors:
+        """ScaleVec names -> this format's names, for the tensors of one unit of a `head` model."""
+        return _renamed_base(self._split(unit, tensors, config), "model", self.base_prefix(head))
+
+    def from_disk(self, unit: str, tensors: Tensors, config: ScaleVecConfig, head: Head) -> Tensors:
+        return self._stack(unit, _renamed_base(tensors, self.base_prefix(head), "model"), config)
+
+    def _has_experts(self, unit: str, config: ScaleVecConfig) -> bool:
         index = layer_index(unit)
-        if self.experts is None or index is None or not config.is_moe_layer(index):
+        return self.experts is not None and index is not None and config.is_moe_layer(index)
+
+    def _split(self, unit: str, tensors: Tensors, config: ScaleVecConfig) -> Tensors:
+        if not self._has_experts(unit, config):
             return tensors
         return add_prefix(unit, _split_experts(strip_prefix(unit, tensors), self.experts, config))
 
-    def from_disk(self, unit: str, tensors: Tensors, config: ScaleVecConfig) -> Tensors:
-        index = layer_index(unit)
-        if self.experts is None or index is None or not config.is_moe_layer(index):
+    def _stack(self, unit: str, tensors: Tensors, config: ScaleVecConfig) -> Tensors:
+        if not self._has_experts(unit, config):
             return tensors
         return add_prefix(unit, _stack_experts(strip_prefix(unit, tensors), self.experts, config))
 
@@ -87,9 +104,17 @@ class Format:
 class StockFormat(Format):
     config_class: type[PreTrainedConfig]
 
+    def architecture(self, head: Head) -> str | None:
+        return head.stock_classes.get(self.model_type)
+
+    def base_prefix(self, head: Head) -> str:
+        # Not always `model`: LlamaForQuestionAnswering, for one, keeps its base model as `transformer`.
+        return getattr(transformers, self.architecture(head)).base_model_prefix
+
     def stock_config(self, config: ScaleVecConfig) -> PreTrainedConfig:
         """The stock config of the folded `config`."""
-        return self.config_class(**{field: getattr(config, field) for field in COMMON_FIELDS}, **self._fields(config))
+        fields = {field: getattr(config, field) for field in COMMON_FIELDS}
+        return self.config_class(**fields, **head_fields(config), **self._fields(config))
 
     def legacy_fields(self, stock: PreTrainedConfig) -> dict:
         """Top-level fields that readers older than transformers v5 (and vLLM, llama.cpp's converter) look for."""
@@ -102,7 +127,7 @@ class StockFormat(Format):
         unsupported = _unsupported_stock_features(stock)
         if unsupported:
             raise ConversionError(f"ScaleVec cannot express this {self.name} checkpoint: {'; '.join(unsupported)}")
-        fields = {field: getattr(stock, field) for field in COMMON_FIELDS}
+        fields = {field: getattr(stock, field) for field in COMMON_FIELDS} | head_fields(stock)
         return ScaleVecConfig(**fields, **self._scalevec_fields(stock), scale_preset="standard", folded=True)
 
     def _fields(self, config: ScaleVecConfig) -> dict:
@@ -123,7 +148,6 @@ def _dense_blockers(config: ScaleVecConfig) -> list[str]:
 
 class LlamaFormat(StockFormat):
     name = model_type = "llama"
-    architecture = "LlamaForCausalLM"
     config_class = LlamaConfig
 
     def blockers(self, config):
@@ -133,7 +157,6 @@ class LlamaFormat(StockFormat):
 
 class Qwen3Format(StockFormat):
     name = model_type = "qwen3"
-    architecture = "Qwen3ForCausalLM"
     config_class = Qwen3Config
 
     def blockers(self, config):
@@ -160,7 +183,6 @@ def _moe_blockers(config: ScaleVecConfig) -> list[str]:
 
 class MixtralFormat(StockFormat):
     name = model_type = "mixtral"
-    architecture = "MixtralForCausalLM"
     config_class = MixtralConfig
     experts = ExpertKeys("block_sparse_moe", gate="w1", up="w3", down="w2")
 
@@ -200,7 +222,6 @@ class MixtralFormat(StockFormat):
 
 class Qwen3MoeFormat(StockFormat):
     name = model_type = "qwen3_moe"
-    architecture = "Qwen3MoeForCausalLM"
     config_class = Qwen3MoeConfig
     experts = ExpertKeys("mlp", gate="gate_proj", up="up_proj", down="down_proj")
     _MOE_FIELDS = (
@@ -248,6 +269,13 @@ def _unsupported_stock_features(stock: PreTrainedConfig) -> list[str]:
     if sliding:
         reasons.append(f"sliding-window attention (sliding_window={stock.sliding_window})")
     return reasons
+
+
+def _renamed_base(tensors: Tensors, old: str, new: str) -> Tensors:
+    """`tensors` with the base model's prefix `old` renamed to `new` (a head's own tensors keep their names)."""
+    if old == new:
+        return tensors
+    return {new + key.removeprefix(old) if key.startswith(f"{old}.") else key: t for key, t in tensors.items()}
 
 
 def _split_experts(tensors: Tensors, keys: ExpertKeys, config: ScaleVecConfig) -> Tensors:

@@ -6,29 +6,31 @@ import json
 
 import torch
 
+from .. import modeling_scalevec
 from ..configuration_scalevec import ScaleVecConfig
-from ..modeling_scalevec import ScaleVecForCausalLM
+from .heads import CAUSAL_LM, Head
 from .layout import LM_HEAD
 
 Tensors = dict[str, torch.Tensor]
 
 
-def meta_state(config: ScaleVecConfig) -> tuple[Tensors, dict[str, list[str]]]:
-    """The state dict (as saved: no tied LM head) and the scale-vector names by role of a ScaleVec model of
+def meta_state(config: ScaleVecConfig, head: Head = CAUSAL_LM) -> tuple[Tensors, dict[str, list[str]]]:
+    """The state dict (as saved: no tied LM head) and the scale-vector names by role of a ScaleVec `head` model of
     `config`, on the meta device: the layout of a checkpoint."""
-    state, roles = _meta_state(_config_key(config))
+    state, roles = _meta_state(_config_key(config), head.suffix)
     return dict(state), {role: list(names) for role, names in roles.items()}
 
 
-def num_parameters(config: ScaleVecConfig) -> int:
-    """All parameters of a ScaleVec model of `config` (a tied LM head counted once)."""
-    state, _ = _meta_state(_config_key(config))
+def num_parameters(config: ScaleVecConfig, head: Head = CAUSAL_LM) -> int:
+    """All parameters of a ScaleVec `head` model of `config` (a tied LM head counted once)."""
+    state, _ = _meta_state(_config_key(config), head.suffix)
     return sum(tensor.numel() for tensor in state.values())
 
 
 def scale_parameters(config: ScaleVecConfig) -> dict[str, int]:
-    """The scale-vector parameters of a ScaleVec model of `config`, by role ("input", "output")."""
-    state, roles = _meta_state(_config_key(config))
+    """The scale-vector parameters of a ScaleVec model of `config`, by role ("input", "output"): the same for every
+    head, which holds none."""
+    state, roles = _meta_state(_config_key(config), CAUSAL_LM.suffix)
     return {role: sum(state[name].numel() for name in names) for role, names in roles.items()}
 
 
@@ -37,10 +39,11 @@ def _config_key(config: ScaleVecConfig) -> str:
 
 
 @functools.lru_cache(maxsize=4)  # a conversion, its model card and inspection ask for the same layouts
-def _meta_state(config_json: str) -> tuple[Tensors, dict[str, list[str]]]:
+def _meta_state(config_json: str, head_suffix: str) -> tuple[Tensors, dict[str, list[str]]]:
+    model_class = getattr(modeling_scalevec, f"ScaleVec{head_suffix}")
     with torch.device("meta"):
-        model = ScaleVecForCausalLM(ScaleVecConfig.from_dict(json.loads(config_json)))  # built from a copy
+        model = model_class(ScaleVecConfig.from_dict(json.loads(config_json)))  # built from a copy
     state = model.state_dict()
-    if model.config.tie_word_embeddings:
+    if model.config.tie_word_embeddings and LM_HEAD in state:  # only the causal LM's head is tied
         del state[LM_HEAD]
     return state, model.scale_vector_roles()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import transformers
 from transformers.utils.hub import convert_file_size_to_int
 
 from ..configuration_scalevec import SCALE_FIELDS, SCALE_PRESETS, ScaleVecConfig
@@ -19,12 +20,13 @@ from .checkpoint import Checkpoint, TensorInfo, count_nonfinite
 from .errors import CheckpointError, TargetError, VerificationError
 from .fold import fold_unit
 from .formats import FORMATS, Format, StockFormat, format_of, scalevec_view
-from .layout import EMBEDDINGS, LM_HEAD
+from .heads import CAUSAL_LM, Head, head_of
+from .layout import LM_HEAD
 from .meta_model import meta_state
 from .place import place_unit
 from .side_files import copy_side_files, write_config, write_remote_code
 from .staging import StagedFolder, check_destination
-from .units import group_by_unit
+from .units import EMBED, group_by_unit
 from .verify import Comparison, compare_checkpoints
 from .writer import ShardedWriter
 
@@ -63,6 +65,7 @@ class Source:
 
     checkpoint: Checkpoint
     format: Format
+    head: Head
     config: ScaleVecConfig  # as a ScaleVec model (a stock source: its ScaleVec view)
     roles: dict[str, list[str]]  # its scale-vector names by role (`scale_vector_roles()`)
     units: dict[str, list[str]]  # its tensor names on disk, by unit, in reading order
@@ -72,15 +75,18 @@ def open_source(path: str | Path) -> Source:
     """The checkpoint at `path`, refused (`CheckpointError`) unless its tensors are what its config describes."""
     checkpoint = Checkpoint(path)
     fmt = format_of(checkpoint.model_type)
+    head = head_of(checkpoint.config, checkpoint.path / "config.json")
     config = scalevec_view(checkpoint, fmt)
-    state, roles = meta_state(config)
-    units = _on_disk(fmt, config, _by_unit(state, config))
+    state, roles = meta_state(config, head)
+    units = _on_disk(fmt, head, config, _by_unit(state, config))
     expected = {key: tuple(t.shape) for tensors in units.values() for key, t in tensors.items()}
-    ignored = [LM_HEAD] if config.tie_word_embeddings else []  # some writers store a tied head anyway
+    # Some writers store a tied LM head anyway.
+    ignored = [LM_HEAD] if head is CAUSAL_LM and config.tie_word_embeddings else []
     checkpoint.check_tensors(expected, f"its config ({fmt.name})", ignored)
     return Source(
         checkpoint=checkpoint,
         format=fmt,
+        head=head,
         config=config,
         roles=roles,
         units={unit: list(tensors) for unit, tensors in units.items()},
@@ -106,8 +112,8 @@ def _by_unit(state: Tensors, config: ScaleVecConfig) -> dict[str, Tensors]:
     }
 
 
-def _on_disk(fmt: Format, config: ScaleVecConfig, units: dict[str, Tensors]) -> dict[str, Tensors]:
-    return {unit: fmt.to_disk(unit, tensors, config) for unit, tensors in units.items()}
+def _on_disk(fmt: Format, head: Head, config: ScaleVecConfig, units: dict[str, Tensors]) -> dict[str, Tensors]:
+    return {unit: fmt.to_disk(unit, tensors, config, head) for unit, tensors in units.items()}
 
 
 @dataclass(frozen=True)
@@ -137,17 +143,12 @@ def _with_strategy(config: ScaleVecConfig, strategy: Strategy, folded: bool = Fa
 def _prepare(source: str | Path, target: Format, output_config_of: Callable[[ScaleVecConfig], ScaleVecConfig]) -> _Job:
     opened = open_source(source)
     output_config = output_config_of(opened.config)
-    blockers = target.blockers(output_config)
-    if blockers:
-        raise TargetError(
-            f"cannot export to {target.name}: the model has {'; and '.join(blockers)}. "
-            "`--to scalevec` (remote code) always works."
-        )
-    output_state, output_roles = meta_state(output_config)
+    _check_target(target, opened, output_config)
+    output_state, output_roles = meta_state(output_config, opened.head)
     output_units = _by_unit(output_state, output_config)
     plan = [
         (key, tuple(t.shape))
-        for tensors in _on_disk(target, output_config, output_units).values()
+        for tensors in _on_disk(target, opened.head, output_config, output_units).values()
         for key, t in tensors.items()
     ]
     return _Job(
@@ -160,13 +161,31 @@ def _prepare(source: str | Path, target: Format, output_config_of: Callable[[Sca
     )
 
 
+def _check_target(target: Format, source: Source, output_config: ScaleVecConfig) -> None:
+    """Refuse (`TargetError`) a target format that cannot express the output model, head included."""
+    head = source.head
+    if target.architecture(head) is None:
+        raise TargetError(
+            f"cannot export a {head.name} model (*{head.suffix}) to {target.name}: transformers "
+            f"{transformers.__version__} has no {head.name} head for {target.name}. "
+            "`--to scalevec` (remote code) always works."
+        )
+    blockers = target.blockers(output_config)
+    if blockers:
+        raise TargetError(
+            f"cannot export to {target.name}: the model has {'; and '.join(blockers)}. "
+            "`--to scalevec` (remote code) always works."
+        )
+
+
 def _convert_unit(job: _Job, unit: str, source: Tensors) -> tuple[Tensors, dict[str, TensorInfo]]:
     """The output tensors of the unit whose source tensors are `source`, and where those that pass through
     unchanged lie in the source."""
-    tensors = job.source.format.from_disk(unit, source, job.source.config)
+    head = job.source.head
+    tensors = job.source.format.from_disk(unit, source, job.source.config, head)
     folded = fold_unit(unit, tensors, job.source.config.hidden_size)
     placed = place_unit(unit, folded, job.output_units[unit], job.output_scales)
-    output = job.target.to_disk(unit, placed, job.output_config)
+    output = job.target.to_disk(unit, placed, job.output_config, head)
     origin = {id(tensor): job.source.checkpoint.tensors[name] for name, tensor in source.items()}
     return output, {name: origin[id(tensor)] for name, tensor in output.items() if id(tensor) in origin}
 
@@ -247,7 +266,8 @@ def import_checkpoint(
 
 def _output_dtype(job: _Job, requested: torch.dtype | str | None) -> torch.dtype:
     if requested is None:
-        return job.source.checkpoint.tensors[EMBEDDINGS].dtype
+        (embeddings,) = job.source.units[EMBED]  # on disk, where a head may keep it under another prefix
+        return job.source.checkpoint.tensors[embeddings].dtype
     if isinstance(requested, torch.dtype) and requested in OUTPUT_DTYPES.values():
         return requested
     if requested in OUTPUT_DTYPES:
@@ -305,7 +325,7 @@ def _write(job: _Job, folder: Path, dtype: torch.dtype, max_shard_bytes: int, *,
             _check_finite(checkpoint, source, allow_nonfinite)
             writer.write(*_convert_unit(job, unit, source))
         writer.close()
-    write_config(folder, job.target, job.output_config, dtype)
+    write_config(folder, job.target, job.output_config, dtype, job.source.head)
     if not isinstance(job.target, StockFormat):
         write_remote_code(folder)
     copy_side_files(checkpoint.path, folder, job.output_config)

@@ -4,14 +4,15 @@ the function is unchanged (the inverse of folding).
 Where the target strategy stores each scale is read off its meta-device state dict (`expected`), so the rules of
 `modeling_scalevec.py` are not restated here. An input norm's weight goes to the norm's own scale (`shared`), to
 every consumer's branch scale (`branch`), or into the consumers' columns (`none`); the final norm's weight stays
-the final norm's scale, or goes into the LM head's columns when the strategy has none; output-role weights stay
-where they are; every other scale (row and column scales) starts at one.
+the final norm's scale, or goes into the columns of the head's layer when the strategy has none; output-role
+weights stay where they are; every other scale (row and column scales) starts at one.
 """
 
 import torch
 
 from .errors import ConversionError
-from .layout import FINAL_NORM, LM_HEAD, NORM_CONSUMERS, OUTPUT_NORMS
+from .heads import HEAD_LAYERS
+from .layout import FINAL_NORM, NORM_CONSUMERS, OUTPUT_NORMS
 from .scales import has_scale, scale_matrix, stored_as
 from .units import HEAD, add_prefix, strip_prefix
 
@@ -65,9 +66,11 @@ def _place_final_norm(tensors: Tensors, expected: Tensors) -> Tensors:
     gamma = tensors.pop(f"{FINAL_NORM}.weight").float()
     if has_scale(expected, FINAL_NORM):
         return stored_as(gamma, FINAL_NORM, expected)
-    if LM_HEAD not in tensors:
+    matrices = [f"{layer}.weight" for layer in HEAD_LAYERS if f"{layer}.weight" in tensors]
+    if not matrices:
         raise ConversionError(
             "the target strategy has no final-norm scale (norm_scale='none') and the embeddings are tied, so the "
             "final norm's weight has nowhere to go"
         )
-    return {LM_HEAD: scale_matrix(tensors.pop(LM_HEAD), None, gamma)}
+    (matrix,) = matrices  # a bias, if the layer has one, is added after the product: it stays as it is
+    return {matrix: scale_matrix(tensors.pop(matrix), None, gamma)}

@@ -12,6 +12,7 @@ from transformers import GenerationConfig, PreTrainedConfig
 from .. import configuration_scalevec, modeling_scalevec
 from ..configuration_scalevec import ScaleVecConfig
 from .formats import Format, StockFormat
+from .heads import CAUSAL_LM, Head
 
 # As `ScaleVecPreTrainedModel.save_pretrained` records it: users load the base model too.
 REMOTE_CODE = (Path(configuration_scalevec.__file__), Path(modeling_scalevec.__file__))
@@ -28,16 +29,17 @@ TOKENIZER_PATTERNS = (
 )
 
 
-def write_config(folder: Path, target: Format, config: ScaleVecConfig, dtype: torch.dtype) -> None:
-    """config.json as `save_pretrained` writes it, plus the legacy fields other readers need (stock targets) or
-    the `auto_map` of the remote code (ScaleVec)."""
+def write_config(
+    folder: Path, target: Format, config: ScaleVecConfig, dtype: torch.dtype, head: Head = CAUSAL_LM
+) -> None:
+    """config.json of a `head` model as `save_pretrained` writes it, plus the legacy fields other readers need
+    (stock targets) or the `auto_map` of the remote code (ScaleVec)."""
+    architecture = target.architecture(head)
     if isinstance(target, StockFormat):
         stock = target.stock_config(config)
-        content = _config_json(stock, target.architecture, dtype) | target.legacy_fields(stock)
+        content = _config_json(stock, architecture, dtype) | target.legacy_fields(stock)
     else:
-        content = _config_json(copy.deepcopy(config), target.architecture, dtype) | {
-            "auto_map": modeling_scalevec.AUTO_MAP
-        }
+        content = _config_json(copy.deepcopy(config), architecture, dtype) | {"auto_map": modeling_scalevec.AUTO_MAP}
     (folder / "config.json").write_text(json.dumps(dict(sorted(content.items())), indent=2) + "\n")
 
 

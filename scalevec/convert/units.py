@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable
 
 EMBED, HEAD = "embed", "head"
-_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.")
+_LAYER_KEY = re.compile(r"layers\.(\d+)\.")
 
 
 def layer_unit(index: int) -> str:
@@ -19,21 +19,25 @@ def layer_prefix(unit: str) -> str | None:
     return None if index is None else f"model.layers.{index}."
 
 
-def unit_of(key: str) -> str:
-    match = _LAYER_KEY.match(key)
+def unit_of(key: str, base_prefix: str = "model") -> str:
+    """The unit of a tensor whose model keeps its base model under `base_prefix` (the head's tensors: HEAD)."""
+    if not key.startswith(f"{base_prefix}."):
+        return HEAD
+    local = key.removeprefix(f"{base_prefix}.")
+    match = _LAYER_KEY.match(local)
     if match:
         return layer_unit(int(match.group(1)))
-    return EMBED if key.startswith("model.embed_tokens.") else HEAD
+    return EMBED if local.startswith("embed_tokens.") else HEAD
 
 
 def unit_order(num_layers: int) -> list[str]:
     return [EMBED, *(layer_unit(i) for i in range(num_layers)), HEAD]
 
 
-def group_by_unit(keys: Iterable[str], num_layers: int) -> dict[str, list[str]]:
+def group_by_unit(keys: Iterable[str], num_layers: int, base_prefix: str = "model") -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {unit: [] for unit in unit_order(num_layers)}
     for key in keys:
-        groups.setdefault(unit_of(key), []).append(key)
+        groups.setdefault(unit_of(key, base_prefix), []).append(key)
     return groups
 
 
