@@ -1,5 +1,6 @@
 """Shared test helpers: tiny configs and fresh Python processes that cannot import `scalevec`."""
 
+import contextlib
 import itertools
 import os
 import socket
@@ -8,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from scalevec import ScaleVecConfig
@@ -250,3 +252,19 @@ def record_fsyncs(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     return flushed
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount_point: Path, size: str):
+    """A tmpfs of `size` (e.g. "2m") mounted at `mount_point` while the block runs; skips the test where mounting
+    is not allowed (it needs root)."""
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)

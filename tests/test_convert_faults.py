@@ -12,20 +12,15 @@ from scalevec.convert import TargetError, fold_checkpoint
 from scalevec.convert import staging as staging_module
 from scalevec.convert.cli import main
 
-from ._helpers import record_fsyncs, run_python, saved_scalevec, tiny_config
+from ._helpers import mounted_tmpfs, record_fsyncs, run_python, saved_scalevec, tiny_config
 from .test_convert_safety import _medium_source, _start_export, names_in
 
 
 @pytest.fixture
 def tmpfs(tmp_path):
     """A 1 MiB tmpfs: the medium source's export (several MB) does not fit."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+    with mounted_tmpfs(tmp_path / "disk", "1m") as mount_point:
+        yield mount_point
 
 
 def convert_errors(stderr: str) -> list[str]:

@@ -20,7 +20,7 @@ from scalevec.atomic import remove_folder, rename_noreplace
 from scalevec.train.cli import main
 from scalevec.train.resume import inspect_checkpoint
 
-from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, record_fsyncs, train_argv
+from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, mounted_tmpfs, record_fsyncs, train_argv
 
 CHECKPOINTING = ["--save-strategy", "steps", "--save-steps", "4", "--eval-every", "0", "--scale-preset", "standard"]
 STEPS = 8
@@ -240,13 +240,8 @@ def test_a_checkpoint_is_flushed_to_disk_before_it_is_renamed_into_place(tmp_pat
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 2 MiB tmpfs: a checkpoint's weights fit, its optimizer state (2.2 MB) does not."""
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)], capture_output=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+    with mounted_tmpfs(tmp_path / "small", "2m") as mount_point:
+        yield mount_point
 
 
 def test_a_full_disk_during_a_checkpoint_says_no_space_and_leaves_nothing(small_tmpfs):
