@@ -84,8 +84,7 @@ def test_generate_auto_compiles_with_a_static_cache(kind):
     model = tiny_model(kind).eval()
     assert model._can_compile_fullgraph
     ids = random_ids(model.config, batch=2, length=6)
-    # the load-balancing loss is a training loss: a static cache's 4-D mask does not fit it
-    options = dict(max_new_tokens=5, do_sample=False, cache_implementation="static", output_router_logits=False)
+    options = dict(max_new_tokens=5, do_sample=False, cache_implementation="static")
     expected = model.generate(ids, **options)
     config = CompileConfig(fullgraph=True, backend="aot_eager", mode=None)
     config._compile_all_devices = True  # auto-compile is for accelerators unless asked
