@@ -394,16 +394,18 @@ def project(x: torch.Tensor, *modules: nn.Module) -> tuple[torch.Tensor, ...]:
     """The outputs of several projections of one input, each with its scales. When every module is a plain
     ScaleVec projection with scales, they run as one fused matmul with the scales folded into the weights on the
     fly (see `_ScaledLinearFunction`); otherwise each module is called, so any wrapper or hook is honoured."""
-    if all(_is_plain(module) for module in modules):
-        scales = [module.scales() for module in modules]
-        if any(vector is not None for pair in scales for vector in pair):
-            if _records_no_gradient():
-                return tuple(F.linear(x, _inference_weight(module)) for module in modules)
-            for module in modules:
-                _drop_inference_weights(module)
-            in_scales, out_scales = zip(*scales)
-            return scaled_linear(x, [module.weight for module in modules], in_scales, out_scales)
+    if all(_is_plain(module) for module in modules) and any(_has_scales(module) for module in modules):
+        if _records_no_gradient():
+            return tuple(F.linear(x, _inference_weight(module)) for module in modules)
+        for module in modules:
+            _drop_inference_weights(module)
+        in_scales, out_scales = zip(*(module.scales() for module in modules))
+        return scaled_linear(x, [module.weight for module in modules], in_scales, out_scales)
     return tuple(_call_scaled(module, x) for module in modules)
+
+
+def _has_scales(module: ScaleVecLinear) -> bool:
+    return module.in_scale is not None or module.out_scale is not None
 
 
 def _inference_weight(module: ScaleVecLinear) -> torch.Tensor:
@@ -417,7 +419,7 @@ class ScaleVecProjections(nn.Module):
 
     def __setattr__(self, name: str, value: object) -> None:
         current = _unwrapped(self._modules[name]) if name in self.__dict__.get("_modules", {}) else None
-        scaled = isinstance(current, ScaleVecLinear) and (current.in_scale or current.out_scale) is not None
+        scaled = isinstance(current, ScaleVecLinear) and _has_scales(current)
         if scaled and not isinstance(_unwrapped(value), ScaleVecLinear):
             raise ValueError(
                 f"Replacing the ScaleVec projection `{name}` with {type(value).__name__} would drop its scale "
