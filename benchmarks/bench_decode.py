@@ -37,7 +37,7 @@ def decode(model: torch.nn.Module, new_tokens: int, refold: bool = False) -> Cal
 
     def run() -> None:
         # refold: every call takes the training path, which folds the scales into each weight on the fly
-        with mock.patch.object(modeling, "_records_no_gradient", lambda: False) if refold else nullcontext():
+        with mock.patch.object(modeling, "_reuses_folded_weights", lambda: False) if refold else nullcontext():
             model.generate(prompt, **options)
 
     return run

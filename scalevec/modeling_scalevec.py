@@ -341,9 +341,11 @@ def _local_scales(weight: torch.Tensor, in_scale, out_scale) -> tuple[torch.Tens
     """Under a tensor-parallel plan, a column-wise projection (weight sharded by rows) sees the whole input and
     yields its shard of the output, a row-wise one the reverse: the scale on the sharded side is cut as the weight
     is. Scales are replicated, so a magnitude-direction vector is formed whole before it is cut."""
-    if DTensor is None or not isinstance(weight, DTensor) or not isinstance(weight.placements[0], Shard):
+    if DTensor is None or not isinstance(weight, DTensor):
         return in_scale, out_scale
-    (placement,) = weight.placements
+    (placement,) = weight.placements  # transformers' tensor parallelism shards over a 1-D mesh
+    if not isinstance(placement, Shard):
+        return in_scale, out_scale
     rank, size = weight.device_mesh.get_local_rank(), weight.device_mesh.size()
     if placement.dim == 0 and out_scale is not None:
         out_scale = out_scale.chunk(size)[rank]
@@ -370,8 +372,11 @@ def _folded(weight: torch.Tensor, in_scale: torch.Tensor | None, out_scale: torc
     return weight if in_scale is None else weight * in_scale.unsqueeze(-2)
 
 
-def _records_no_gradient() -> bool:
-    return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+def _reuses_folded_weights() -> bool:
+    """When no gradient is recorded. Not under torch.distributed: sharded parameters (FSDP) are gathered into fresh
+    storage for every forward, which a cached fold could outlive."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return not (torch.is_grad_enabled() or torch.compiler.is_compiling() or distributed)
 
 
 def _folded_for_inference(owner: nn.Module, fold: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
@@ -395,7 +400,7 @@ def project(x: torch.Tensor, *modules: nn.Module) -> tuple[torch.Tensor, ...]:
     ScaleVec projection with scales, they run as one fused matmul with the scales folded into the weights on the
     fly (see `_ScaledLinearFunction`); otherwise each module is called, so any wrapper or hook is honoured."""
     if all(_is_plain(module) for module in modules) and any(_has_scales(module) for module in modules):
-        if _records_no_gradient():
+        if _reuses_folded_weights():
             return tuple(F.linear(x, _inference_weight(module)) for module in modules)
         for module in modules:
             _drop_inference_weights(module)
@@ -502,7 +507,7 @@ class ScaleVecTopKRouter(nn.Module):
 
     def forward(self, hidden_states):
         in_scale, out_scale = _vector(self.in_scale), _vector(self.out_scale)
-        if _records_no_gradient():
+        if _reuses_folded_weights():
             (weight,) = _folded_for_inference(self, lambda: (_folded(self.weight, in_scale, out_scale),))
             router_logits = F.linear(hidden_states, weight)
         else:
@@ -579,7 +584,7 @@ class ScaleVecExperts(nn.Module):
         order = flat_index.argsort(stable=True)
         token_index = order // top_k_index.shape[-1]
         group_sizes = _group_sizes(flat_index[order], self.num_experts)
-        if _records_no_gradient():
+        if _reuses_folded_weights():
             gate_up, down = _folded_for_inference(self, self.folded_weights)
             gate_up_scales = down_scales = (None,), (None,)
         else:
