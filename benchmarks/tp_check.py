@@ -1,6 +1,7 @@
-"""Tensor parallelism on CPU: each checkpoint loaded with `tp_plan="auto"` in N gloo processes gives the logits of
-the unsharded model. Without `--worker` it saves tiny ScaleVec checkpoints (standard with QK-norm, unified dense,
-unified MoE; scales moved away from 1) and launches the workers with torchrun.
+"""Tensor and expert parallelism on CPU: each checkpoint loaded with `tp_plan="auto"` (and the MoE with its experts
+sharded too, `ep_size` = N) in N gloo processes gives the logits of the unsharded model. Without `--worker` it
+saves tiny ScaleVec checkpoints (standard with QK-norm, unified dense, unified MoE; scales moved away from 1) and
+launches the workers with torchrun.
 
     python benchmarks/tp_check.py [--nproc 2] [--json report.json]
 """
@@ -38,6 +39,12 @@ def save_cases(root: Path) -> None:
         model.save_pretrained(root / name)
 
 
+def local_rows(tensor: torch.Tensor) -> int:
+    from torch.distributed.tensor import DTensor
+
+    return (tensor.to_local() if isinstance(tensor, DTensor) else tensor).shape[0]
+
+
 def worker(root: Path, report: Path) -> None:
     """Runs in every process: the sharded and the whole model's logits on the same tokens."""
     import torch.distributed as dist
@@ -48,16 +55,23 @@ def worker(root: Path, report: Path) -> None:
 
     dist.init_process_group("gloo")
     ids = torch.randint(0, DIMS["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(0))
+    size = dist.get_world_size()
+    plans = {name: DistributedConfig(tp_plan="auto") for name in CASES}
+    plans["unified-moe-expert-parallel"] = DistributedConfig(tp_size=size, ep_size=size)
     rows = {}
-    for name in CASES:
-        whole = AutoModelForCausalLM.from_pretrained(root / name).eval()
-        sharded = AutoModelForCausalLM.from_pretrained(
-            root / name, distributed_config=DistributedConfig(tp_plan="auto")
-        ).eval()
+    for name, plan in plans.items():
+        folder = root / name.removesuffix("-expert-parallel")
+        whole = AutoModelForCausalLM.from_pretrained(folder).eval()
+        sharded = AutoModelForCausalLM.from_pretrained(folder, distributed_config=plan).eval()
         with torch.no_grad():
             difference = (sharded(ids).logits - whole(ids).logits).abs().max().item()
-        q_proj = sharded.model.layers[0].self_attn.q_proj.weight
-        rows[name] = {"max_logit_diff": difference, "q_proj_local_rows": q_proj.to_local().shape[0]}
+        layer = sharded.model.layers[-1]
+        rows[name] = {
+            "max_logit_diff": difference,
+            "q_proj_local_rows": local_rows(layer.self_attn.q_proj.weight),
+        }
+        if hasattr(layer.mlp, "experts"):
+            rows[name]["local_experts"] = local_rows(layer.mlp.experts.gate_up_proj)
     if dist.get_rank() == 0:
         report.write_text(json.dumps({"world_size": dist.get_world_size(), "cases": rows}, indent=2))
     dist.destroy_process_group()

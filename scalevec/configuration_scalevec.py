@@ -84,6 +84,16 @@ class ScaleVecConfig(PreTrainedConfig):
         "layers.*.mlp.up_proj": "colwise",
         "layers.*.mlp.down_proj": "rowwise",
     }
+    # Qwen3-MoE's expert-parallel plan, with each expert's scales sharded as its weights are
+    base_model_ep_plan = {
+        "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+        "layers.*.mlp.experts.down_proj": "grouped_gemm",
+        "layers.*.mlp.experts.gate_up_in_scale": "grouped_gemm",
+        "layers.*.mlp.experts.gate_up_out_scale": "grouped_gemm",
+        "layers.*.mlp.experts.down_in_scale": "grouped_gemm",
+        "layers.*.mlp.experts.down_out_scale": "grouped_gemm",
+        "layers.*.mlp.experts": "ep_dispatch_experts",
+    }
     base_model_pp_plan = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
         "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),

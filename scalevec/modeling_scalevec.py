@@ -337,6 +337,10 @@ def _is_plain(module: nn.Module) -> bool:
     )
 
 
+def _local_tensor(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return tensor.to_local() if DTensor is not None and isinstance(tensor, DTensor) else tensor
+
+
 def _local_scales(weight: torch.Tensor, in_scale, out_scale) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Under a tensor-parallel plan, a column-wise projection (weight sharded by rows) sees the whole input and
     yields its shard of the output, a row-wise one the reverse: the scale on the sharded side is cut as the weight
@@ -572,11 +576,20 @@ class ScaleVecExperts(nn.Module):
         self.down_in_scale = scale((num_experts, inter), cols and not rows)  # as in ScaleVecMLP
         self.down_out_scale = scale((num_experts, hidden), rows)
 
+    def parts(self) -> tuple[tuple[torch.Tensor | None, ...], tuple[torch.Tensor | None, ...]]:
+        """(gate_up (E, 2, I, H), its column and row scales), (down (E, H, I), its column and row scales), for the
+        experts this process holds: under expert parallelism every one of them is sharded by expert."""
+        gate_up = (
+            self.gate_up_proj.unflatten(1, (2, self.intermediate_size)),
+            self.gate_up_in_scale,
+            self.gate_up_out_scale,
+        )
+        down = (self.down_proj, self.down_in_scale, self.down_out_scale)
+        return tuple(tuple(map(_local_tensor, (weight, _vector(a), _vector(b)))) for weight, a, b in (gate_up, down))
+
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`gate_up_proj` and `down_proj` with every expert scale folded in (differentiably)."""
-        gate_up = self.gate_up_proj.unflatten(1, (2, self.intermediate_size))
-        gate_up = _folded(gate_up, _vector(self.gate_up_in_scale), _vector(self.gate_up_out_scale))
-        down = _folded(self.down_proj, _vector(self.down_in_scale), _vector(self.down_out_scale))
+        gate_up, down = (_folded(*part) for part in self.parts())
         return gate_up.flatten(1, 2), down
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
@@ -586,15 +599,15 @@ class ScaleVecExperts(nn.Module):
         group_sizes = _group_sizes(flat_index[order], self.num_experts)
         if _reuses_folded_weights():
             gate_up, down = _folded_for_inference(self, self.folded_weights)
-            gate_up_scales = down_scales = (None,), (None,)
+            gate_up_parts, down_parts = (gate_up, None, None), (down, None, None)
         else:
             _drop_inference_weights(self)
-            gate_up, down = self.gate_up_proj.unflatten(1, (2, self.intermediate_size)), self.down_proj
-            gate_up_scales = (_vector(self.gate_up_in_scale),), (_vector(self.gate_up_out_scale),)
-            down_scales = (_vector(self.down_in_scale),), (_vector(self.down_out_scale),)
-        (hidden,) = scaled_linear(hidden_states[token_index], (gate_up,), *gate_up_scales, group_sizes)
+            gate_up_parts, down_parts = self.parts()
+        weight, in_scale, out_scale = gate_up_parts
+        (hidden,) = scaled_linear(hidden_states[token_index], (weight,), (in_scale,), (out_scale,), group_sizes)
         gate, up = hidden.chunk(2, dim=-1)
-        (hidden,) = scaled_linear(self.act_fn(gate) * up, (down,), *down_scales, group_sizes)
+        weight, in_scale, out_scale = down_parts
+        (hidden,) = scaled_linear(self.act_fn(gate) * up, (weight,), (in_scale,), (out_scale,), group_sizes)
         hidden = hidden * top_k_weights.reshape(-1)[order, None]
         # Undo the sort and sum over the k choices: deterministic on every device, unlike `index_add_`.
         inverse = torch.empty_like(order)

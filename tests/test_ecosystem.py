@@ -307,18 +307,21 @@ def test_tensor_parallel_plan_names_linear_projections_as_the_stock_plans_do(moe
     assert config.base_model_pp_plan == stock.base_model_pp_plan
 
 
-def test_tensor_parallel_plan_in_two_processes_gives_the_unsharded_logits(tmp_path):
+def test_tensor_and_expert_parallel_plans_in_two_processes_give_the_unsharded_logits(tmp_path):
     """benchmarks/tp_check.py: `tp_plan="auto"` in 2 gloo processes (DTensor-sharded projections, each scale cut
-    as its projection's weight) against the whole model, standard and unified, dense and MoE."""
+    as its projection's weight) against the whole model, standard and unified, dense and MoE; and the MoE with
+    its experts and their scales sharded by expert (`ep_size=2`)."""
     report = tmp_path / "report.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "tp_check.py"), "--nproc", "2", "--json", str(report)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, **SUBPROCESS_ENV})
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     rows = json.loads(report.read_text())["cases"]
-    assert set(rows) == {"standard-qk-norm", "unified", "unified-moe"}
+    assert set(rows) == {"standard-qk-norm", "unified", "unified-moe", "unified-moe-expert-parallel"}
     for name, row in rows.items():
         assert row["q_proj_local_rows"] == 16, name  # 32 rows of q_proj, half on each rank: really sharded
         assert row["max_logit_diff"] < 1e-5, name
+    assert rows["unified-moe"]["local_experts"] == 4  # tensor parallelism leaves the experts whole
+    assert rows["unified-moe-expert-parallel"]["local_experts"] == 2  # expert parallelism: 2 of 4 on each rank
 
 
 def test_scalevec_train_lora_continues_a_checkpoint_and_the_adapter_merges_and_exports(tmp_path):
