@@ -5,9 +5,10 @@
 # kill, or with more variants or seeds) trains only what is missing, and the last call of a group writes its table.
 #
 # Usage: benchmarks/ablation.sh [DIR [GROUP [FLAG...]]]
-#   GROUP: pilot, dense-adamw-cosine, weight-decay, moe-adamw-cosine, dense-muon-cosine, dense-adamw-wsd, or all
-#   (default: all but the pilot, in that order, which is the order of priority). FLAGs go to every scalevec-ablate
-#   call of the group and override the defaults below, e.g. `--variants standard,unified` or `--seeds 0,1`.
+#   GROUP: pilot, dense-adamw-cosine, weight-decay, input-decay-1, moe-adamw-cosine, dense-muon-cosine,
+#   dense-adamw-wsd, or all (default: all but the pilot, in that order, which is the order of priority).
+#   FLAGs go to every scalevec-ablate call of the group and override the defaults below, e.g.
+#   `--variants standard,unified` or `--seeds 0,1`.
 set -euo pipefail
 out=${1:-runs/ablation}
 group=${2:-all}
@@ -15,7 +16,7 @@ extra=("${@:3}")
 # One thread per process: with two, every small op of a tiny model waits for a second core that another job holds
 # (3.5 s against 0.8 s a step on the shared 2-core machine).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-steps=300
+steps=400
 data=(--model-size tiny --per-device-train-batch-size 8 --seq-len 128 --save-strategy no --report-to none
       --disable-tqdm true --scale-stats false)
 common=("${data[@]}" --max-steps "$steps" --logging-steps 10 --seeds 0,1,2 --resume)
@@ -24,8 +25,8 @@ wsd=(--lr-scheduler-type warmup_stable_decay --lr-scheduler-kwargs "{\"num_decay
 ablate() { scalevec-ablate "${common[@]}" "$@" "${extra[@]}"; }
 
 case $group in
-    # Where the loss stops falling fast: one run at the peak learning rate after warmup (no decay), 3x the steps.
-    pilot) scalevec-train "${data[@]}" --scale-preset standard --max-steps $((3 * steps)) --logging-steps 20 \
+    # How fast the loss still falls, and the cost of a step: one run at the peak learning rate (no decay).
+    pilot) scalevec-train "${data[@]}" --scale-preset standard --max-steps 600 --logging-steps 20 \
         --lr-scheduler-type constant_with_warmup --warmup-steps 15 --output-dir "$out/pilot" "${extra[@]}" ;;
     dense-adamw-cosine) ablate --variants strategies --output-dir "$out/dense-adamw-cosine" ;;
     # Same folder as the strategies: standard and unified are reused, and the last call tabulates all ten.
@@ -33,10 +34,14 @@ case $group in
         ablate --variants standard-input-exempt,unified-input-exempt,unified-output-norm,unified-output-norm-decayed \
             --output-dir "$out/dense-adamw-cosine"
         ablate --variants all --output-dir "$out/dense-adamw-cosine" ;;
+    # At 400 steps, decay 0.1 shrinks a scale by 2 % at most (exp(-0.1 x the summed learning rate 0.2)): input-role
+    # scales decayed 10x harder (18 %), against exempt.
+    input-decay-1) ablate --variants standard,standard-input-exempt --input-scale-weight-decay 1.0 \
+        --output-dir "$out/dense-adamw-cosine-input-decay-1" ;;
     moe-adamw-cosine) ablate --variants strategies --model-size tiny-moe --output-dir "$out/moe-adamw-cosine" ;;
     dense-muon-cosine) ablate --variants strategies --optim muon --output-dir "$out/dense-muon-cosine" ;;
     dense-adamw-wsd) ablate --variants strategies "${wsd[@]}" --output-dir "$out/dense-adamw-wsd" ;;
-    all) for g in dense-adamw-cosine weight-decay moe-adamw-cosine dense-muon-cosine dense-adamw-wsd; do
+    all) for g in dense-adamw-cosine weight-decay input-decay-1 moe-adamw-cosine dense-muon-cosine dense-adamw-wsd; do
              "$0" "$out" "$g" "${extra[@]}"
          done ;;
     *) echo "unknown group $group" >&2; exit 2 ;;

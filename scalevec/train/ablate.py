@@ -358,7 +358,7 @@ def _plot_differences(axis, summaries: list[VariantSummary], colours: dict[str, 
     axis.axvline(0, color="grey", linewidth=0.8)
     axis.set_yticks(range(len(compared)), [f"{s.variant}\n− {s.reference}" for s in compared], fontsize="small")
     axis.invert_yaxis()
-    axis.set(title="eval loss − reference (dots: seeds, |: mean)", xlabel="nats per token")
+    axis.set(title="final eval loss − reference", xlabel="nats per token (dots: seeds, |: mean)")
 
 
 def main(argv: list[str] | None = None) -> int:
