@@ -301,7 +301,14 @@ def _linear_scales(
     return in_scale, out_scale
 
 
-class ScaleVecLinear(nn.Linear):
+class ScaleVecScaledMap:
+    """A module with a `weight` and the column / row scale vectors (`in_scale`, `out_scale`) around it."""
+
+    def scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return _vector(self.in_scale), _vector(self.out_scale)
+
+
+class ScaleVecLinear(ScaleVecScaledMap, nn.Linear):
     """A block's linear map `W`, a plain `nn.Linear` (its forward is `nn.Linear.forward`), with the scale vectors
     around it: the block computes `y = b * (W (a * x))` through `project`. Keeping the scales outside the module's
     forward is what lets libraries that wrap or replace `nn.Linear` layers (PEFT, torchao, quanto, tensor-parallel
@@ -317,9 +324,6 @@ class ScaleVecLinear(nn.Linear):
     ):
         super().__init__(in_features, out_features, bias=False)
         self.in_scale, self.out_scale = _linear_scales(in_features, out_features, config, reads_norm, scaled_elsewhere)
-
-    def scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return _vector(self.in_scale), _vector(self.out_scale)
 
 
 def _unwrapped(module: nn.Module) -> nn.Module:
@@ -404,21 +408,27 @@ def project(x: torch.Tensor, *modules: nn.Module) -> tuple[torch.Tensor, ...]:
     ScaleVec projection with scales, they run as one fused matmul with the scales folded into the weights on the
     fly (see `_ScaledLinearFunction`); otherwise each module is called, so any wrapper or hook is honoured."""
     if all(_is_plain(module) for module in modules) and any(_has_scales(module) for module in modules):
-        if _reuses_folded_weights():
-            return tuple(F.linear(x, _inference_weight(module)) for module in modules)
-        for module in modules:
-            _drop_inference_weights(module)
-        in_scales, out_scales = zip(*(module.scales() for module in modules))
-        return scaled_linear(x, [module.weight for module in modules], in_scales, out_scales)
+        return _scaled_outputs(x, modules)
     return tuple(_call_scaled(module, x) for module in modules)
 
 
-def _has_scales(module: ScaleVecLinear) -> bool:
+def _scaled_outputs(x: torch.Tensor, maps: Sequence[ScaleVecScaledMap]) -> tuple[torch.Tensor, ...]:
+    """Each map's output with its scales folded into its weight: cached when no gradient is recorded, otherwise
+    on the fly inside one fused matmul."""
+    if _reuses_folded_weights():
+        return tuple(F.linear(x, _inference_weight(owner)) for owner in maps)
+    for owner in maps:
+        _drop_inference_weights(owner)
+    in_scales, out_scales = zip(*(owner.scales() for owner in maps))
+    return scaled_linear(x, [owner.weight for owner in maps], in_scales, out_scales)
+
+
+def _has_scales(module: ScaleVecScaledMap) -> bool:
     return module.in_scale is not None or module.out_scale is not None
 
 
-def _inference_weight(module: ScaleVecLinear) -> torch.Tensor:
-    return _folded_for_inference(module, lambda: (_folded(module.weight, *module.scales()),))[0]
+def _inference_weight(owner: ScaleVecScaledMap) -> torch.Tensor:
+    return _folded_for_inference(owner, lambda: (_folded(owner.weight, *owner.scales()),))[0]
 
 
 class ScaleVecProjections(nn.Module):
@@ -496,7 +506,7 @@ class ScaleVecMLP(ScaleVecProjections):
         return project(self.act_fn(gate) * up, self.down_proj)[0]
 
 
-class ScaleVecTopKRouter(nn.Module):
+class ScaleVecTopKRouter(ScaleVecScaledMap, nn.Module):
     """Softmax router in fp32, top-k, optional renormalisation: the Qwen3-MoE / Mixtral semantics. Like theirs, a
     module with a `weight` rather than an `nn.Linear`, so that libraries adapting linear layers leave it alone."""
 
@@ -510,13 +520,7 @@ class ScaleVecTopKRouter(nn.Module):
         )
 
     def forward(self, hidden_states):
-        in_scale, out_scale = _vector(self.in_scale), _vector(self.out_scale)
-        if _reuses_folded_weights():
-            (weight,) = _folded_for_inference(self, lambda: (_folded(self.weight, in_scale, out_scale),))
-            router_logits = F.linear(hidden_states, weight)
-        else:
-            _drop_inference_weights(self)
-            (router_logits,) = scaled_linear(hidden_states, (self.weight,), (in_scale,), (out_scale,))
+        (router_logits,) = _scaled_outputs(hidden_states, (self,))
         router_probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
         top_k_weights, top_k_index = torch.topk(router_probs, self.top_k, dim=-1)
         if self.norm_topk_prob:

@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim.adam import adam
 
-from ..modeling_scalevec import ScaleVecExperts, ScaleVecLinear, ScaleVecTopKRouter
+from ..modeling_scalevec import ScaleVecExperts, ScaleVecLinear
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ def _hidden_matrices(model: nn.Module) -> tuple[list[str], list[str]]:
     matrices, experts = [], []
     for module_name, module in model.named_modules():
         prefix = f"{module_name}." if module_name else ""
-        if isinstance(module, ScaleVecLinear) and not isinstance(module, ScaleVecTopKRouter):
+        if isinstance(module, ScaleVecLinear):  # the router is not one (as in Qwen3-MoE)
             if module.weight.shape[0] > 1:
                 matrices.append(prefix + "weight")
         elif isinstance(module, ScaleVecExperts):
