@@ -190,12 +190,12 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def _effective_weight(weight, in_scale, out_scale, grouped: bool, dtype: torch.dtype) -> torch.Tensor:
-    """`diag(b) W diag(a)` written in place (one pass per scale), as (out, in) or, grouped, (E, out, in)."""
-    if out_scale is None:
-        folded = weight.to(dtype, copy=in_scale is not None)
-    else:
-        folded = torch.mul(weight, out_scale.unsqueeze(-1), out=weight.new_empty(weight.shape, dtype=dtype))
-    if in_scale is not None:
+    """`diag(b) W diag(a)`, one pass per scale (the second in place), as (out, in) or, grouped, (E, out, in)."""
+    if in_scale is None and out_scale is None:
+        return weight.to(dtype).flatten(1, -2) if grouped else weight.to(dtype)
+    first = in_scale.unsqueeze(-2) if out_scale is None else out_scale.unsqueeze(-1)
+    folded = torch.mul(weight, first, out=weight.new_empty(weight.shape, dtype=dtype))
+    if in_scale is not None and out_scale is not None:
         folded.mul_(in_scale.unsqueeze(-2))
     return folded.flatten(1, -2) if grouped else folded
 
@@ -606,7 +606,7 @@ class ScaleVecExperts(nn.Module):
             gate_up_parts, down_parts = (gate_up, None, None), (down, None, None)
         else:
             _drop_inference_weights(self)
-            gate_up_parts, down_parts = self.parts()
+            gate_up_parts, down_parts, group_sizes = _receiving_experts(*self.parts(), group_sizes)
         weight, in_scale, out_scale = gate_up_parts
         (hidden,) = scaled_linear(hidden_states[token_index], (weight,), (in_scale,), (out_scale,), group_sizes)
         gate, up = hidden.chunk(2, dim=-1)
@@ -617,6 +617,22 @@ class ScaleVecExperts(nn.Module):
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         return hidden[inverse].view(*top_k_index.shape, -1).sum(dim=1).to(hidden_states.dtype)
+
+
+def _receiving_experts(gate_up_parts: tuple, down_parts: tuple, group_sizes: torch.Tensor) -> tuple:
+    """The expert weights, scales and group sizes of only the experts that receive tokens, when at most half do
+    (small batches, many experts): folding costs weight-sized passes per expert whatever its token count, and
+    gathering the receivers costs one. On the CPU only, where reading the group sizes is no device sync, and not
+    under torch.compile (data-dependent shapes)."""
+    if gate_up_parts[0].device.type != "cpu" or torch.compiler.is_compiling():
+        return gate_up_parts, down_parts, group_sizes
+    receiving = group_sizes.nonzero().squeeze(-1)
+    if 2 * receiving.numel() > group_sizes.numel():
+        return gate_up_parts, down_parts, group_sizes
+    gate_up_parts, down_parts = (
+        tuple(t if t is None else t[receiving] for t in p) for p in (gate_up_parts, down_parts)
+    )
+    return gate_up_parts, down_parts, group_sizes[receiving]
 
 
 class ScaleVecSparseMoeBlock(ScaleVecProjections):

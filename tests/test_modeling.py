@@ -172,26 +172,28 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 
 def test_custom_backward_matches_autograd_of_the_plain_formula():
-    """The fused scaled matmul's hand-written backward against autograd of `b * ((a * x) @ W.T)`."""
+    """The fused scaled matmul's hand-written backward against autograd of `b * ((a * x) @ W.T)`: maps with both
+    scales, a row scale only and a column scale only, in one call."""
     from scalevec.modeling_scalevec import scaled_linear
 
     torch.manual_seed(0)
     x = torch.randn(3, 5, 6, dtype=torch.float64, requires_grad=True)
-    shapes = [(4, 6), (2, 6)]
-    weights = [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes]
-    ins = [torch.rand(6, dtype=torch.float64, requires_grad=True), None]
-    outs = [
-        torch.rand(4, dtype=torch.float64, requires_grad=True),
-        torch.rand(2, dtype=torch.float64, requires_grad=True),
-    ]
-    leaves = [x, *weights, ins[0], *outs]
 
-    def fused_of(x, w0, w1, a0, b0, b1):
-        return torch.cat(scaled_linear(x, [w0, w1], [a0, None], [b0, b1]), -1)
+    def leaf(*shape):
+        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+    weights = [leaf(4, 6), leaf(2, 6), leaf(3, 6)]
+    ins, outs = [leaf(6), None, leaf(6)], [leaf(4), leaf(2), None]
+    leaves = [x, *weights, ins[0], ins[2], outs[0], outs[1]]
+
+    def fused_of(x, w0, w1, w2, a0, a2, b0, b1):
+        return torch.cat(scaled_linear(x, [w0, w1, w2], [a0, None, a2], [b0, b1, None]), -1)
+
+    def plain_of(x, w0, w1, w2, a0, a2, b0, b1):
+        return torch.cat([(x * a0) @ w0.T * b0, x @ w1.T * b1, (x * a2) @ w2.T], -1)
 
     assert torch.autograd.gradcheck(fused_of, leaves)
-    fused = torch.cat(scaled_linear(x, weights, ins, outs), -1)
-    plain = torch.cat([(x * (a if a is not None else 1)) @ w.T * b for w, a, b in zip(weights, ins, outs)], -1)
+    fused, plain = fused_of(*leaves), plain_of(*leaves)
     grad = torch.randn_like(plain)
     expected = torch.autograd.grad(plain, leaves, grad)
     actual = torch.autograd.grad(fused, leaves, grad)

@@ -7,6 +7,7 @@ from safetensors.torch import load_file, save_file
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM
+from scalevec import modeling_scalevec as modeling
 
 from ._helpers import (
     STRATEGIES,
@@ -114,6 +115,32 @@ def test_experts_that_receive_no_tokens():
     assert set(index.unique().tolist()) == {0, 1}
     grads = assert_matches_naive(block, x)
     assert grads["experts.gate_up_proj"][2:].abs().sum() == 0
+
+
+def test_only_experts_that_receive_tokens_are_folded(monkeypatch):
+    model = build(scale_preset="unified", num_experts_per_tok=1)
+    randomize_scales(model)
+    block = model.model.layers[0].mlp
+    x = torch.randn(3, TINY["hidden_size"], generator=torch.Generator().manual_seed(2))
+    receiving = block.gate(x)[2].unique().numel()
+    assert receiving <= block.experts.num_experts // 2
+    folded_groups = []
+    receiving_experts = modeling._receiving_experts
+
+    def recording(*args):
+        gate_up, down, group_sizes = receiving_experts(*args)
+        folded_groups.append((gate_up[0].shape[0], group_sizes.tolist()))
+        return gate_up, down, group_sizes
+
+    monkeypatch.setattr(modeling, "_receiving_experts", recording)
+    out, x_grad, grads = grads_of(block, block, x)
+    assert folded_groups[0][0] == receiving and 0 not in folded_groups[0][1]
+    monkeypatch.setattr(modeling, "_receiving_experts", lambda *args: args)  # fold every expert, as before
+    all_out, all_x_grad, all_grads = grads_of(block, block, x)
+    torch.testing.assert_close(out, all_out, atol=1e-6, rtol=0)
+    torch.testing.assert_close(x_grad, all_x_grad, atol=1e-6, rtol=0)
+    for name, grad in all_grads.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-6, rtol=1e-6, msg=name)
 
 
 def test_dispatch_is_deterministic():
