@@ -1,67 +1,198 @@
-"""Unified's time overhead over standard against tokens per training step, dense and MoE, with the one-line cost
-model that predicts it.
+"""Unified's time overhead over standard against tokens per step, dense and MoE, training and decoding, with the
+one-line cost model that predicts it from the shapes.
 
-Folding the scales into the weights costs a fixed number of weight-sized passes per step, whatever the token
-count, while the matmuls grow with the tokens. So `unified / standard - 1 = N0 / N`: one constant `N0` per shape
-(the token count at which the folds cost as much as the rest of the step), fitted here by least squares over the
-measured token counts.
+Cost model. Folding the scales into the weights on the fly costs, per step, a fixed number of weight-sized passes
+per linear map (with both scales: fold 2, refold 2, `G * W` 1, two reductions, two in-place rescalings = 9; with
+one scale 5) plus the small ops that form the scale vectors, whatever the token count. So
 
-    python benchmarks/bench_overhead.py [--repetitions 5] [--tokens 256 1024 4096 8192]
+    unified / standard = 1 + (sum_maps passes * |W| / R_pass + extra_ops * t_op) / T_standard(N)
+
+with `R_pass` (weight elements per second of one elementwise pass) and `t_op` (seconds of one small op) measured
+here on this machine, `extra_ops` counted (aten ops per step, unified minus standard) and `T_standard(N)` the
+measured standard step. The fixed part does not grow with N, so the overhead falls as 1/N.
+
+    python benchmarks/bench_overhead.py [--repetitions 11] [--tokens 256 1024 4096 8192] [--profile]
 """
 
 import argparse
+import statistics
 import sys
+import time
+from collections import Counter
 
 import torch
 from _common import interleaved_medians, machine, today
 from _common import training_step as common_training_step
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM
+from scalevec import modeling_scalevec as modeling
 
 SEQ = 256
-SHAPES = {
-    "dense": dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4),
-    "moe": dict(
-        vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=704,
-        num_hidden_layers=4,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=256,
-    ),
-}
+DENSE = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4)
+SHAPES = {"dense": DENSE, "moe": dict(DENSE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256)}
 
 
-def training_step(shape: str, preset: str, tokens: int):
+def build(shape: str, preset: str, **overrides) -> ScaleVecForCausalLM:
     torch.manual_seed(0)
     fields = dict(SHAPES[shape], num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ)
-    model = ScaleVecForCausalLM(ScaleVecConfig(**fields, scale_preset=preset, attn_implementation="sdpa"))
-    return common_training_step(model, fields["vocab_size"], tokens // SEQ, SEQ)
+    config = ScaleVecConfig(**fields | overrides, scale_preset=preset, attn_implementation="sdpa")
+    return ScaleVecForCausalLM(config)
 
 
-def overheads(shape: str, tokens: list[int], repetitions: int) -> dict[int, float]:
-    result = {}
-    for count in tokens:
-        steps = {preset: training_step(shape, preset, count) for preset in ("standard", "unified")}
-        times = interleaved_medians(steps, repetitions)
-        result[count] = times["unified"] / times["standard"] - 1
-    return result
+def training_steps(shape: str, tokens: int, **overrides) -> dict:
+    models = {preset: build(shape, preset, **overrides) for preset in ("standard", "unified")}
+    return {
+        p: common_training_step(m, m.config.vocab_size, max(tokens // SEQ, 1), min(tokens, SEQ))
+        for p, m in models.items()
+    }
+
+
+def decoding_steps(shape: str, new_tokens: int = 32) -> dict:
+    """`generate` on the training form (scales unfolded), as in an evaluation callback."""
+    prompt = torch.randint(0, 4096, (1, 16), generator=torch.Generator().manual_seed(0))
+
+    def decode(model):
+        model.eval()
+        return lambda: model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+
+    return {preset: decode(build(shape, preset)) for preset in ("standard", "unified")}
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_step(step) -> int:
+    with OpCounter() as counter:
+        step()
+    return sum(counter.ops.values())
+
+
+def weight_passes(model: ScaleVecForCausalLM) -> int:
+    """Sum over the folded linear maps of (passes per step) x (weight elements)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, modeling.ScaleVecScaledMap):
+            parts = [(module.weight, *module.scales())]
+        elif isinstance(module, modeling.ScaleVecExperts):
+            parts = module.parts()
+        else:
+            continue
+        for weight, in_scale, out_scale in parts:
+            scales = (in_scale is not None) + (out_scale is not None)
+            total += (0, 5, 9)[scales] * weight.numel()
+    return total
+
+
+def _median_seconds(fn, repetitions: int = 21) -> float:
+    fn()
+    times = []
+    for _ in range(repetitions):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def machine_rates() -> tuple[float, float]:
+    """(R_pass: weight elements per second of one in-place elementwise pass over a 704 x 256 weight, t_op: seconds
+    per op on a 256-vector, dispatch included)."""
+    weight, rows, vector = torch.randn(704, 256), torch.rand(704, 1), torch.rand(256)
+    r_pass = weight.numel() / _median_seconds(lambda: [weight.mul_(rows) for _ in range(50)]) * 50
+    t_op = _median_seconds(lambda: [vector.mul(vector) for _ in range(1000)]) / 1000
+    return r_pass, t_op
+
+
+def profile_table(shape: str, tokens: int) -> str:
+    """torch.profiler self-CPU time per op and step, unified minus standard (3 x 3 profiled steps each)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = training_steps(shape, tokens)
+    totals = {preset: Counter() for preset in steps}
+    calls = {preset: Counter() for preset in steps}
+    for step in steps.values():
+        step(), step()
+    for _ in range(3):
+        for preset, step in steps.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(3):
+                    step()
+            for event in prof.key_averages():
+                totals[preset][event.key] += event.self_cpu_time_total / 9e3
+                calls[preset][event.key] += event.count / 9
+    keys = sorted(
+        set(totals["standard"]) | set(totals["unified"]), key=lambda k: totals["standard"][k] - totals["unified"][k]
+    )
+    lines = ["| op | standard ms (calls) | unified ms (calls) | difference ms |\n|---|---|---|---|"]
+    for key in keys[:14]:
+        std, uni = totals["standard"][key], totals["unified"][key]
+        std_calls, uni_calls = calls["standard"][key], calls["unified"][key]
+        lines.append(f"| `{key}` | {std:.2f} ({std_calls:.0f}) | {uni:.2f} ({uni_calls:.0f}) | {uni - std:+.2f} |")
+    std, uni = sum(totals["standard"].values()), sum(totals["unified"].values())
+    lines.append(f"| all ops | {std:.1f} | {uni:.1f} | {uni - std:+.1f} |")
+    return "\n".join(lines)
+
+
+def receiving_experts(repetitions: int) -> str:
+    """Training steps of 16 tokens on a 64-expert top-2 MoE (at most 32 experts receive tokens): folding only the
+    receiving experts against folding all of them, unified."""
+    steps, original = {}, modeling._receiving_experts
+    for name, select in (("all experts", lambda group_sizes: (None, group_sizes)), ("receiving only", original)):
+        model = build("moe", "unified", num_experts=64)
+        step = common_training_step(model, model.config.vocab_size, 1, 16)
+
+        def timed(step=step, select=select):
+            modeling._receiving_experts = select
+            step()
+
+        steps[name] = timed
+    times = interleaved_medians(steps, repetitions)
+    modeling._receiving_experts = original
+    return " / ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in times.items())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--repetitions", type=int, default=11)
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024, 4096, 8192])
+    parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table at 1k tokens")
     args = parser.parse_args()
+    r_pass, t_op = machine_rates()
     print(f"## Overhead against tokens per step ({today()}, {machine()})\n")
-    print(f"hidden 256, 4 layers, seq {SEQ}, fp32, AdamW, median of {args.repetitions} interleaved\n")
-    print("| model | tokens | unified / standard | cost model 1 + N0/N |\n|---|---|---|---|")
+    print(f"hidden 256, 4 layers, seq {SEQ}, fp32, AdamW; medians of {args.repetitions} interleaved steps.")
+    print(f"Machine rates: R_pass = {r_pass / 1e9:.2f} G elements/s, t_op = {t_op * 1e6:.1f} us\n")
+    print("| model | tokens | standard ms | unified ms | unified / standard | cost model |\n|---|---|---|---|---|---|")
     for shape in SHAPES:
-        measured = overheads(shape, sorted(args.tokens), args.repetitions)
-        n0 = sum(o / n for n, o in measured.items()) / sum(1 / n**2 for n in measured)
-        for count, overhead in measured.items():
-            print(f"| {shape} (N0 = {n0:.0f}) | {count} | {1 + overhead:.3f} | {1 + n0 / count:.3f} |")
+        for tokens in sorted(args.tokens):
+            steps = training_steps(shape, tokens)
+            extra_ops = ops_per_step(steps["unified"]) - ops_per_step(steps["standard"])
+            passes = weight_passes(build(shape, "unified"))
+            fixed = passes / r_pass + extra_ops * t_op
+            times = interleaved_medians(steps, args.repetitions)
+            std, uni = times["standard"], times["unified"]
+            print(
+                f"| {shape} | {tokens} | {std * 1e3:.1f} | {uni * 1e3:.1f} | {uni / std:.3f} | {1 + fixed / std:.3f} |"
+            )
+        times = interleaved_medians(decoding_steps(shape), args.repetitions)
+        print(
+            f"| {shape}, decoding 32 tokens | 1 | {times['standard'] * 1e3:.1f} | {times['unified'] * 1e3:.1f} | "
+            f"{times['unified'] / times['standard']:.3f} | 1 (folded weights cached) |"
+        )
+    print(
+        f"\nFixed cost of unified, from the shapes: dense {weight_passes(build('dense', 'unified')) / 1e6:.1f} M, "
+        f"MoE {weight_passes(build('moe', 'unified')) / 1e6:.1f} M weight-element passes per step"
+    )
+    print(f"\n64 experts, 16 tokens per step: {receiving_experts(args.repetitions)}")
+    if args.profile:
+        for shape in SHAPES:
+            print(f"\n### torch.profiler, {shape}, 1024 tokens per step (ms per step)\n\n{profile_table(shape, 1024)}")
 
 
 if __name__ == "__main__":

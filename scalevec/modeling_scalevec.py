@@ -227,24 +227,24 @@ class _ScaledLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, group_sizes, num_branches, *tensors):
+    def forward(ctx, x, group_sizes, experts, num_branches, *tensors):
         dtype = _compute_dtype(x)
         ctx.input_dtype, ctx.num_branches = x.dtype, num_branches
         x = x.to(dtype)
-        ctx.save_for_backward(x, group_sizes, *tensors)
+        ctx.save_for_backward(x, group_sizes, experts, *tensors)
         outputs = []
-        for weight, in_scale, out_scale in _branches(tensors, num_branches):
+        for weight, in_scale, out_scale in _branches(tensors, num_branches, experts):
             folded = _effective_weight(weight, in_scale, out_scale, group_sizes is not None, dtype)
             outputs.append(x @ folded.T if group_sizes is None else _grouped_linear(x, folded, group_sizes))
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads):
-        x, group_sizes, *tensors = ctx.saved_tensors
+        x, group_sizes, experts, *tensors = ctx.saved_tensors
         grouped = group_sizes is not None
         flat_x = x.reshape(-1, x.shape[-1])
         grad_x, weight_grads = None, []
-        for grad, (weight, in_scale, out_scale) in zip(grads, _branches(tensors, ctx.num_branches)):
+        for grad, (weight, in_scale, out_scale) in zip(grads, _branches(tensors, ctx.num_branches, experts)):
             grad = grad.to(x.dtype).contiguous()
             flat_grad = grad.reshape(-1, grad.shape[-1])
             if ctx.needs_input_grad[0]:
@@ -260,11 +260,22 @@ class _ScaledLinearFunction(torch.autograd.Function):
             else:
                 weight_grads.append((None, None, None))
         grad_x = None if grad_x is None else grad_x.to(ctx.input_dtype)
-        return grad_x, None, None, *(g for grad_of in zip(*weight_grads) for g in grad_of)
+        grads_in_order = (g for grad_of in zip(*weight_grads) for g in grad_of)
+        return grad_x, None, None, None, *(_scattered(g, experts, t) for g, t in zip(grads_in_order, tensors))
 
 
-def _branches(tensors: Sequence[torch.Tensor | None], n: int) -> list[tuple]:
+def _branches(tensors: Sequence[torch.Tensor | None], n: int, experts: torch.Tensor | None) -> list[tuple]:
+    """(weight, in_scale, out_scale) per branch; of only the given experts' rows if `experts` is set."""
+    if experts is not None:
+        tensors = [None if t is None else t[experts] for t in tensors]
     return list(zip(tensors[:n], tensors[n : 2 * n], tensors[2 * n :]))
+
+
+def _scattered(grad: torch.Tensor | None, experts: torch.Tensor | None, like: torch.Tensor | None):
+    """The gradient of a whole expert stack from that of the given experts' rows (zero for the others)."""
+    if grad is None or experts is None:
+        return grad
+    return grad.new_zeros(like.shape).index_copy_(0, experts, grad)
 
 
 def scaled_linear(
@@ -273,9 +284,12 @@ def scaled_linear(
     in_scales: Sequence[torch.Tensor | None],
     out_scales: Sequence[torch.Tensor | None],
     group_sizes: torch.Tensor | None = None,
+    experts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Several scaled linear maps of the same input in one autograd node; one output per map."""
-    return _ScaledLinearFunction.apply(x, group_sizes, len(weights), *weights, *in_scales, *out_scales)
+    """Several scaled linear maps of the same input in one autograd node; one output per map. Grouped by expert
+    (`group_sizes`), optionally over only the `experts` given (weights and scales indexed by them on the fly, so
+    nothing beyond the parameters is saved for backward)."""
+    return _ScaledLinearFunction.apply(x, group_sizes, experts, len(weights), *weights, *in_scales, *out_scales)
 
 
 # --- Projections: nn.Linear layers and the scale vectors around them -----------------------------------------------
@@ -391,7 +405,13 @@ def _folded_for_inference(owner: nn.Module, fold: Callable[[], tuple[torch.Tenso
     """`fold()`, computed once and reused while no parameter of `owner` changes: an optimizer step or
     `load_state_dict` writes in place (a new tensor version), `to()` makes new tensors. Decoding then costs what the
     folded model costs instead of refolding every weight for every token."""
-    key = tuple((p._version, p.data_ptr(), p.dtype, p.device) for p in owner.parameters())
+    # its own parameters and its scales' (direct children), read without `parameters()`: a key per map per token
+    parameters = [p for m in (owner, *owner._modules.values()) if m is not None for p in m._parameters.values()]
+    key = (
+        parameters[0].dtype,
+        parameters[0].device,
+        *((p._version, p.data_ptr()) for p in parameters if p is not None),
+    )
     cached = owner.__dict__.get("_inference_weights")
     if cached is None or cached[0] != key:
         cached = owner.__dict__["_inference_weights"] = (key, fold())
@@ -603,15 +623,17 @@ class ScaleVecExperts(nn.Module):
         group_sizes = _group_sizes(flat_index[order], self.num_experts)
         if _reuses_folded_weights():
             gate_up, down = _folded_for_inference(self, self.folded_weights)
-            gate_up_parts, down_parts = (gate_up, None, None), (down, None, None)
+            gate_up_parts, down_parts, experts = (gate_up, None, None), (down, None, None), None
         else:
             _drop_inference_weights(self)
-            gate_up_parts, down_parts, group_sizes = _receiving_experts(*self.parts(), group_sizes)
+            gate_up_parts, down_parts = self.parts()
+            experts, group_sizes = _receiving_experts(group_sizes)
         weight, in_scale, out_scale = gate_up_parts
-        (hidden,) = scaled_linear(hidden_states[token_index], (weight,), (in_scale,), (out_scale,), group_sizes)
+        x = hidden_states[token_index]
+        (hidden,) = scaled_linear(x, (weight,), (in_scale,), (out_scale,), group_sizes, experts)
         gate, up = hidden.chunk(2, dim=-1)
         weight, in_scale, out_scale = down_parts
-        (hidden,) = scaled_linear(self.act_fn(gate) * up, (weight,), (in_scale,), (out_scale,), group_sizes)
+        (hidden,) = scaled_linear(self.act_fn(gate) * up, (weight,), (in_scale,), (out_scale,), group_sizes, experts)
         hidden = hidden * top_k_weights.reshape(-1)[order, None]
         # Undo the sort and sum over the k choices: deterministic on every device, unlike `index_add_`.
         inverse = torch.empty_like(order)
@@ -619,20 +641,16 @@ class ScaleVecExperts(nn.Module):
         return hidden[inverse].view(*top_k_index.shape, -1).sum(dim=1).to(hidden_states.dtype)
 
 
-def _receiving_experts(gate_up_parts: tuple, down_parts: tuple, group_sizes: torch.Tensor) -> tuple:
-    """The expert weights, scales and group sizes of only the experts that receive tokens, when at most half do
-    (small batches, many experts): folding costs weight-sized passes per expert whatever its token count, and
-    gathering the receivers costs one. On the CPU only, where reading the group sizes is no device sync, and not
-    under torch.compile (data-dependent shapes)."""
-    if gate_up_parts[0].device.type != "cpu" or torch.compiler.is_compiling():
-        return gate_up_parts, down_parts, group_sizes
+def _receiving_experts(group_sizes: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The experts that receive tokens and their group sizes, when at most half do (small batches, many experts):
+    folding costs weight-sized passes per expert whatever its token count, so the others are skipped. None (every
+    expert) otherwise, on accelerators, where reading the sizes would be a device sync, and under torch.compile."""
+    if group_sizes.device.type != "cpu" or torch.compiler.is_compiling():
+        return None, group_sizes
     receiving = group_sizes.nonzero().squeeze(-1)
     if 2 * receiving.numel() > group_sizes.numel():
-        return gate_up_parts, down_parts, group_sizes
-    gate_up_parts, down_parts = (
-        tuple(t if t is None else t[receiving] for t in p) for p in (gate_up_parts, down_parts)
-    )
-    return gate_up_parts, down_parts, group_sizes[receiving]
+        return None, group_sizes
+    return receiving, group_sizes[receiving]
 
 
 class ScaleVecSparseMoeBlock(ScaleVecProjections):

@@ -1,3 +1,4 @@
+import contextlib
 import itertools
 
 import pytest
@@ -117,6 +118,21 @@ def test_experts_that_receive_no_tokens():
     assert grads["experts.gate_up_proj"][2:].abs().sum() == 0
 
 
+@contextlib.contextmanager
+def saved_bytes(module: torch.nn.Module):
+    """Bytes of every tensor autograd saves for backward, other than the module's parameters."""
+    parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    sizes = []
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        sizes.append(0 if storage.data_ptr() in parameters else storage.nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield sizes
+
+
 def test_only_experts_that_receive_tokens_are_folded(monkeypatch):
     model = build(scale_preset="unified", num_experts_per_tok=1)
     randomize_scales(model)
@@ -124,19 +140,25 @@ def test_only_experts_that_receive_tokens_are_folded(monkeypatch):
     x = torch.randn(3, TINY["hidden_size"], generator=torch.Generator().manual_seed(2))
     receiving = block.gate(x)[2].unique().numel()
     assert receiving <= block.experts.num_experts // 2
-    folded_groups = []
+    selected = []
     receiving_experts = modeling._receiving_experts
 
-    def recording(*args):
-        gate_up, down, group_sizes = receiving_experts(*args)
-        folded_groups.append((gate_up[0].shape[0], group_sizes.tolist()))
-        return gate_up, down, group_sizes
+    def recording(group_sizes):
+        experts, sizes = receiving_experts(group_sizes)
+        selected.append((experts.tolist(), sizes.tolist()))
+        return experts, sizes
 
     monkeypatch.setattr(modeling, "_receiving_experts", recording)
-    out, x_grad, grads = grads_of(block, block, x)
-    assert folded_groups[0][0] == receiving and 0 not in folded_groups[0][1]
-    monkeypatch.setattr(modeling, "_receiving_experts", lambda *args: args)  # fold every expert, as before
-    all_out, all_x_grad, all_grads = grads_of(block, block, x)
+    with saved_bytes(block) as compact_saved:
+        out, x_grad, grads = grads_of(block, block, x)
+    assert len(selected[0][0]) == receiving and 0 not in selected[0][1]
+    idle = [e for e in range(block.experts.num_experts) if e not in selected[0][0]]
+    assert grads["experts.gate_up_proj"][idle].abs().sum() == 0
+    monkeypatch.setattr(modeling, "_receiving_experts", lambda group_sizes: (None, group_sizes))  # every expert
+    with saved_bytes(block) as all_saved:
+        all_out, all_x_grad, all_grads = grads_of(block, block, x)
+    # the selection saves its index, not copies of the receiving experts' weights
+    assert 0 < sum(compact_saved) <= sum(all_saved) + 64
     torch.testing.assert_close(out, all_out, atol=1e-6, rtol=0)
     torch.testing.assert_close(x_grad, all_x_grad, atol=1e-6, rtol=0)
     for name, grad in all_grads.items():
