@@ -6,7 +6,7 @@
 #
 # Usage: benchmarks/ablation.sh [DIR [GROUP [FLAG...]]]
 #   GROUP: pilot, dense-adamw-cosine, weight-decay, input-decay-1, moe-adamw-cosine, dense-muon-cosine,
-#   dense-adamw-wsd, or all (default: all but the pilot, in that order, which is the order of priority).
+#   dense-adamw-wsd, moe-muon-cosine, moe-adamw-wsd, moe-weight-decay, muon-weight-decay, or all (default: all but the pilot, in that order, which is the order of priority).
 #   FLAGs go to every scalevec-ablate call of the group and override the defaults below, e.g.
 #   `--variants standard,unified` or `--seeds 0,1`.
 set -euo pipefail
@@ -41,7 +41,13 @@ case $group in
     moe-adamw-cosine) ablate --variants strategies --model-size tiny-moe --output-dir "$out/moe-adamw-cosine" ;;
     dense-muon-cosine) ablate --variants strategies --optim muon --output-dir "$out/dense-muon-cosine" ;;
     dense-adamw-wsd) ablate --variants strategies "${wsd[@]}" --output-dir "$out/dense-adamw-wsd" ;;
-    all) for g in dense-adamw-cosine weight-decay input-decay-1 moe-adamw-cosine dense-muon-cosine dense-adamw-wsd; do
+    moe-muon-cosine) ablate --variants strategies --model-size tiny-moe --optim muon --output-dir "$out/moe-muon-cosine" ;;
+    moe-adamw-wsd) ablate --variants strategies --model-size tiny-moe "${wsd[@]}" --output-dir "$out/moe-adamw-wsd" ;;
+    # The decay variants beside the MoE's and Muon's strategies (their folders; the last call tabulates all ten).
+    moe-weight-decay) ablate --variants all --model-size tiny-moe --output-dir "$out/moe-adamw-cosine" ;;
+    muon-weight-decay) ablate --variants all --optim muon --output-dir "$out/dense-muon-cosine" ;;
+    all) for g in dense-adamw-cosine weight-decay input-decay-1 moe-adamw-cosine dense-muon-cosine dense-adamw-wsd \
+                 moe-muon-cosine moe-adamw-wsd moe-weight-decay muon-weight-decay; do
              "$0" "$out" "$g" "${extra[@]}"
          done ;;
     *) echo "unknown group $group" >&2; exit 2 ;;

@@ -102,11 +102,27 @@ def _median_seconds(fn, repetitions: int = 21) -> float:
 
 
 def machine_rates() -> tuple[float, float]:
-    """(R_pass: weight elements per second of one in-place elementwise pass over a 704 x 256 weight, t_op: seconds
-    per op on a 256-vector, dispatch included)."""
-    weight, rows, vector = torch.randn(704, 256), torch.rand(704, 1), torch.rand(256)
-    r_pass = weight.numel() / _median_seconds(lambda: [weight.mul_(rows) for _ in range(50)]) * 50
-    t_op = _median_seconds(lambda: [vector.mul(vector) for _ in range(1000)]) / 1000
+    """R_pass: weight elements per second of one out-of-place elementwise pass, over 28 weights of 704 x 256 in turn
+    (as a step meets them: not in cache, each result freed before the next). t_op: seconds per aten op of a chain
+    of small ops on 256-vectors recorded by autograd and differentiated (dispatch and graph included)."""
+    weights, rows = [torch.randn(704, 256) for _ in range(28)], torch.rand(704, 1)
+
+    def passes():
+        for weight in weights:
+            torch.mul(weight, rows)
+
+    r_pass = 28 * weights[0].numel() / _median_seconds(passes)
+    vector = torch.rand(256, requires_grad=True)
+
+    def chain():
+        out = vector
+        for _ in range(100):
+            out = out * vector
+        out.sum().backward()
+
+    with OpCounter() as counter:
+        chain()
+    t_op = _median_seconds(chain) / sum(counter.ops.values())
     return r_pass, t_op
 
 
