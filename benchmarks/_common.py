@@ -26,8 +26,8 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def interleaved_medians(steps: dict[str, Callable[[], None]], repetitions: int, warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call of each step; the steps take turns so that drift in machine speed hits all alike."""
+def interleaved_times(steps: dict[str, Callable[[], None]], repetitions: int, warmup: int = 2) -> dict[str, list]:
+    """Seconds of each call of each step; the steps take turns so that drift in machine speed hits all alike."""
     for step in steps.values():
         for _ in range(warmup):
             step()
@@ -39,7 +39,12 @@ def interleaved_medians(steps: dict[str, Callable[[], None]], repetitions: int, 
             step()
             _sync()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
+
+
+def interleaved_medians(steps: dict[str, Callable[[], None]], repetitions: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each step, measured by `interleaved_times`."""
+    return {name: statistics.median(values) for name, values in interleaved_times(steps, repetitions, warmup).items()}
 
 
 class LiveTensorMemory(TorchDispatchMode):

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 
 import torch
-from _common import interleaved_medians, machine, today
+from _common import interleaved_medians, interleaved_times, machine, today
 from _common import training_step as common_training_step
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -174,6 +174,12 @@ def receiving_experts(repetitions: int) -> str:
     return " / ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in times.items())
 
 
+def row(label: str, times: dict[str, list[float]], model: str) -> str:
+    std, uni = (statistics.median(times[preset]) for preset in ("standard", "unified"))
+    best = min(times["unified"]) / min(times["standard"])
+    return f"| {label} | {std * 1e3:.1f} | {uni * 1e3:.1f} | {uni / std:.3f} | {best:.3f} | {model} |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repetitions", type=int, default=11)
@@ -182,25 +188,20 @@ def main() -> None:
     args = parser.parse_args()
     r_pass, t_op = machine_rates()
     print(f"## Overhead against tokens per step ({today()}, {machine()})\n")
-    print(f"hidden 256, 4 layers, seq {SEQ}, fp32, AdamW; medians of {args.repetitions} interleaved steps.")
+    print(f"hidden 256, 4 layers, seq {SEQ}, fp32, AdamW; {args.repetitions} interleaved steps: median and best.")
     print(f"Machine rates: R_pass = {r_pass / 1e9:.2f} G elements/s, t_op = {t_op * 1e6:.1f} us\n")
-    print("| model | tokens | standard ms | unified ms | unified / standard | cost model |\n|---|---|---|---|---|---|")
+    print("| model | tokens | standard ms | unified ms | unified / standard | best / best | cost model |")
+    print("|---|---|---|---|---|---|---|")
     for shape in SHAPES:
         for tokens in sorted(args.tokens):
             steps = training_steps(shape, tokens)
             extra_ops = ops_per_step(steps["unified"]) - ops_per_step(steps["standard"])
-            passes = weight_passes(build(shape, "unified"))
-            fixed = passes / r_pass + extra_ops * t_op
-            times = interleaved_medians(steps, args.repetitions)
-            std, uni = times["standard"], times["unified"]
-            print(
-                f"| {shape} | {tokens} | {std * 1e3:.1f} | {uni * 1e3:.1f} | {uni / std:.3f} | {1 + fixed / std:.3f} |"
-            )
-        times = interleaved_medians(decoding_steps(shape), args.repetitions)
-        print(
-            f"| {shape}, decoding 32 tokens | 1 | {times['standard'] * 1e3:.1f} | {times['unified'] * 1e3:.1f} | "
-            f"{times['unified'] / times['standard']:.3f} | 1 (folded weights cached) |"
-        )
+            fixed = weight_passes(build(shape, "unified")) / r_pass + extra_ops * t_op
+            times = interleaved_times(steps, args.repetitions)
+            predicted = 1 + fixed / statistics.median(times["standard"])
+            print(row(f"{shape} | {tokens}", times, f"{predicted:.3f}"))
+        times = interleaved_times(decoding_steps(shape), args.repetitions)
+        print(row(f"{shape}, decoding 32 tokens | 1", times, "1 (folded weights cached)"))
     print(
         f"\nFixed cost of unified, from the shapes: dense {weight_passes(build('dense', 'unified')) / 1e6:.1f} M, "
         f"MoE {weight_passes(build('moe', 'unified')) / 1e6:.1f} M weight-element passes per step"
