@@ -255,7 +255,7 @@ class _ScaledLinearFunction(torch.autograd.Function):
                 else:
                     branch_grad_x = grad @ folded
                 grad_x = branch_grad_x if grad_x is None else grad_x.add_(branch_grad_x)
-            if any(ctx.needs_input_grad[3:]):
+            if any(ctx.needs_input_grad[4:]):
                 grad_folded = _grouped_weight_grad(flat_grad, flat_x, group_sizes) if grouped else flat_grad.T @ flat_x
                 weight_grads.append(_scale_grads(grad_folded, weight, in_scale, out_scale))
             else:
