@@ -406,13 +406,8 @@ def _folded_for_inference(owner: nn.Module, fold: Callable[[], tuple[torch.Tenso
     """`fold()`, computed once and reused while no parameter of `owner` changes: an optimizer step or
     `load_state_dict` writes in place (a new tensor version), `to()` makes new tensors. Decoding then costs what the
     folded model costs instead of refolding every weight for every token."""
-    # its own parameters and its scales' (direct children), read without `parameters()`: a key per map per token
-    parameters = [p for m in (owner, *owner._modules.values()) if m is not None for p in m._parameters.values()]
-    key = (
-        parameters[0].dtype,
-        parameters[0].device,
-        *((p._version, p.data_ptr()) for p in parameters if p is not None),
-    )
+    parameters = list(owner.parameters())  # recursively: parametrizations and adapters hold theirs below the owner
+    key = (parameters[0].dtype, parameters[0].device, *((p._version, p.data_ptr()) for p in parameters))
     cached = owner.__dict__.get("_inference_weights")
     if cached is None or cached[0] != key:
         cached = owner.__dict__["_inference_weights"] = (key, fold())

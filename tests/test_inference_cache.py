@@ -72,6 +72,29 @@ def test_cache_follows_optimizer_steps_loaded_weights_and_dtype(moe):
     assert all(w.dtype == torch.float64 for m in cached_owners(model) for w in vars(m)["_inference_weights"][1])
 
 
+class Shift(torch.nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.shift = torch.nn.Parameter(torch.zeros(shape))
+
+    def forward(self, weight):
+        return weight + self.shift
+
+
+def test_cache_follows_a_parametrized_projection():
+    """A parametrization keeps its parameters below the projection (`parametrizations.weight`): changing them in
+    place must refold, as an adapter on the expert stacks must."""
+    model = unified(moe=False)
+    ids = random_ids(model.config)
+    q_proj = model.model.layers[0].self_attn.q_proj
+    torch.nn.utils.parametrize.register_parametrization(q_proj, "weight", Shift(q_proj.weight.shape))
+    logits(model, ids)  # fills the cache
+    with torch.no_grad():
+        q_proj.parametrizations.weight[0].shift.fill_(0.05)
+    torch.testing.assert_close(logits(model, ids), with_grad_logits(model, ids), atol=1e-5, rtol=0)
+    assert (logits(model, ids) - logits(unified(moe=False), ids)).abs().max() > 1e-3
+
+
 def test_training_drops_the_cache():
     model = unified(moe=True)
     ids = random_ids(model.config)
