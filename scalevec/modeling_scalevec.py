@@ -406,12 +406,23 @@ def _folded_for_inference(owner: nn.Module, fold: Callable[[], tuple[torch.Tenso
     """`fold()`, computed once and reused while no parameter of `owner` changes: an optimizer step or
     `load_state_dict` writes in place (a new tensor version), `to()` makes new tensors. Decoding then costs what the
     folded model costs instead of refolding every weight for every token."""
-    parameters = list(owner.parameters())  # recursively: parametrizations and adapters hold theirs below the owner
+    parameters = _parameters_below(owner)
     key = (parameters[0].dtype, parameters[0].device, *((p._version, p.data_ptr()) for p in parameters))
     cached = owner.__dict__.get("_inference_weights")
     if cached is None or cached[0] != key:
         cached = owner.__dict__["_inference_weights"] = (key, fold())
     return cached[1]
+
+
+def _parameters_below(module: nn.Module) -> list[nn.Parameter]:
+    """Every parameter of `module` and its submodules (parametrizations and adapters keep theirs there), without the
+    bookkeeping of `parameters()`, which is a third of a decoding step's Python per projection at small sizes."""
+    parameters, modules = [], [module]
+    while modules:
+        current = modules.pop()
+        parameters.extend(p for p in current._parameters.values() if p is not None)
+        modules.extend(child for child in current._modules.values() if child is not None)
+    return parameters
 
 
 def _drop_inference_weights(owner: nn.Module) -> None:
