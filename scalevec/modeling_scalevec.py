@@ -416,7 +416,7 @@ def _folded_for_inference(owner: nn.Module, fold: Callable[[], tuple[torch.Tenso
 
 def _parameters_below(module: nn.Module) -> list[nn.Parameter]:
     """Every parameter of `module` and its submodules (parametrizations and adapters keep theirs there), without the
-    bookkeeping of `parameters()`, which is a third of a decoding step's Python per projection at small sizes."""
+    bookkeeping of `parameters()`: the cache key is paid per map per decoded token (2.6 against 4.2 us)."""
     parameters, modules = [], [module]
     while modules:
         current = modules.pop()
