@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from scalevec import ScaleVecForCausalLM
+from scalevec import modeling_scalevec as modeling
 
 from ._helpers import logits, random_ids, randomize_scales, tiny_config, tiny_moe_config
 
@@ -70,6 +71,47 @@ def test_cache_follows_optimizer_steps_loaded_weights_and_dtype(moe):
     reference = copy.deepcopy(other).double()
     torch.testing.assert_close(logits(model.double(), ids), logits(reference, ids), atol=1e-10, rtol=0)
     assert all(w.dtype == torch.float64 for m in cached_owners(model) for w in vars(m)["_inference_weights"][1])
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_decoding_steps_take_the_folds_their_prefill_checked(moe, monkeypatch):
+    """A forward extending a KV cache skips the per-map parameter check (the cache holds keys and values of those
+    weights); a loaded state dict or a training forward in between still gives the new weights."""
+    model = unified(moe)
+    ids = random_ids(model.config)
+    checks = []
+    parameters_below = modeling._parameters_below
+    monkeypatch.setattr(
+        modeling, "_parameters_below", lambda module: checks.append(module) or parameters_below(module)
+    )
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).cache
+        kv = copy.deepcopy(cache)
+        assert checks
+        checks.clear()
+        model(ids[:, -1:], cache=cache, use_cache=True)  # as generate does: the same cache object, extended
+        assert checks == []
+
+        other = unified(moe)
+        for parameter in other.parameters():
+            parameter.mul_(1.1)
+        model.load_state_dict(other.state_dict())
+        before = copy.deepcopy(cache)
+        step = model(ids[:, -1:], cache=cache, use_cache=True).logits
+        expected = other(ids[:, -1:], cache=before, use_cache=True).logits
+    torch.testing.assert_close(step, expected, atol=1e-5, rtol=0)
+
+    cache = copy.deepcopy(kv)
+    with torch.no_grad():
+        model(ids[:, -1:], cache=cache, use_cache=True)  # the folds are checked for this cache
+    model(ids, labels=ids).loss.backward()  # a training forward drops every fold
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.01)
+        reference, extended = copy.deepcopy(model), copy.deepcopy(cache)
+        step = model(ids[:, -1:], cache=cache, use_cache=True).logits
+        expected = reference(ids[:, -1:], cache=extended, use_cache=True).logits
+    torch.testing.assert_close(step, expected, atol=1e-5, rtol=0)
 
 
 class Shift(torch.nn.Module):
