@@ -404,20 +404,6 @@ def _reuses_folded_weights() -> bool:
     return not (torch.is_grad_enabled() or torch.compiler.is_compiling() or distributed)
 
 
-def _folded_for_inference(owner: nn.Module, fold: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
-    """`fold()`, computed once and reused while no parameter of `owner` changes: an optimizer step or
-    `load_state_dict` writes in place (a new tensor version), `to()` makes new tensors. Decoding then costs what the
-    folded model costs instead of refolding every weight for every token."""
-    cached = owner.__dict__.get("_inference_weights")
-    if cached is not None and _EXTENDING_CHECKED_KV_CACHE.get():
-        return cached[1]
-    parameters = _parameters_below(owner)
-    key = (parameters[0].dtype, parameters[0].device, *((p._version, p.data_ptr()) for p in parameters))
-    if cached is None or cached[0] != key:
-        cached = owner.__dict__["_inference_weights"] = (key, fold())
-    return cached[1]
-
-
 # True while a forward extends a KV cache whose first forward checked the folds: the keys and values in that cache
 # were computed with those weights, so the decoding steps that follow take them as they are. Checking every map's
 # parameters at every token costs 4 % of a 0.12B decoding step (cold objects between weight-sized reads).
@@ -439,6 +425,21 @@ def _extends_checked_kv_cache(model: nn.Module, cache: Cache | None) -> bool:
 
 def _forget_checked_kv_cache(model: nn.Module, incompatible_keys) -> None:
     model.__dict__.pop("_folds_checked_for", None)
+
+
+def _folded_for_inference(owner: nn.Module, fold: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """`fold()`, computed once and reused while no parameter of `owner` changes: an optimizer step or
+    `load_state_dict` writes in place (a new tensor version), `to()` makes new tensors. Decoding then costs what the
+    folded model costs instead of refolding every weight for every token; the steps extending one KV cache do not
+    check again (`_EXTENDING_CHECKED_KV_CACHE`)."""
+    cached = owner.__dict__.get("_inference_weights")
+    if cached is not None and _EXTENDING_CHECKED_KV_CACHE.get():
+        return cached[1]
+    parameters = _parameters_below(owner)
+    key = (parameters[0].dtype, parameters[0].device, *((p._version, p.data_ptr()) for p in parameters))
+    if cached is None or cached[0] != key:
+        cached = owner.__dict__["_inference_weights"] = (key, fold())
+    return cached[1]
 
 
 def _parameters_below(module: nn.Module) -> list[nn.Parameter]:
