@@ -17,7 +17,6 @@ measured standard step. The fixed part does not grow with N, so the overhead fal
 import argparse
 import statistics
 import sys
-import time
 from collections import Counter
 
 import torch
@@ -62,17 +61,18 @@ def decoding_steps(shape: str, new_tokens: int = 32) -> dict:
 class OpCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
-        self.ops = Counter()
+        self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
+        self.count += 1
         return func(*args, **(kwargs or {}))
 
 
 def ops_per_step(step) -> int:
+    """aten ops dispatched by one call of `step`."""
     with OpCounter() as counter:
         step()
-    return sum(counter.ops.values())
+    return counter.count
 
 
 def weight_passes(model: ScaleVecForCausalLM) -> int:
@@ -89,16 +89,6 @@ def weight_passes(model: ScaleVecForCausalLM) -> int:
             scales = (in_scale is not None) + (out_scale is not None)
             total += (0, 5, 9)[scales] * weight.numel()
     return total
-
-
-def _median_seconds(fn, repetitions: int = 21) -> float:
-    fn()
-    times = []
-    for _ in range(repetitions):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def machine_rates() -> tuple[float, float]:
@@ -120,10 +110,12 @@ def machine_rates() -> tuple[float, float]:
             out = out * vector
         out.sum().backward()
 
-    with OpCounter() as counter:
-        chain()
-    t_op = _median_seconds(chain) / sum(counter.ops.values())
+    t_op = _median_seconds(chain) / ops_per_step(chain)
     return r_pass, t_op
+
+
+def _median_seconds(fn) -> float:
+    return interleaved_medians({"fn": fn}, repetitions=21, warmup=1)["fn"]
 
 
 def profile_table(shape: str, tokens: int) -> str:
@@ -192,19 +184,20 @@ def main() -> None:
     print(f"Machine rates: R_pass = {r_pass / 1e9:.2f} G elements/s, t_op = {t_op * 1e6:.1f} us\n")
     print("| model | tokens | standard ms | unified ms | unified / standard | best / best | cost model |")
     print("|---|---|---|---|---|---|---|")
+    passes = {shape: weight_passes(build(shape, "unified")) for shape in SHAPES}
     for shape in SHAPES:
         for tokens in sorted(args.tokens):
             steps = training_steps(shape, tokens)
             extra_ops = ops_per_step(steps["unified"]) - ops_per_step(steps["standard"])
-            fixed = weight_passes(build(shape, "unified")) / r_pass + extra_ops * t_op
+            fixed = passes[shape] / r_pass + extra_ops * t_op
             times = interleaved_times(steps, args.repetitions)
             predicted = 1 + fixed / statistics.median(times["standard"])
             print(row(f"{shape} | {tokens}", times, f"{predicted:.3f}"))
         times = interleaved_times(decoding_steps(shape), args.repetitions)
         print(row(f"{shape}, decoding 32 tokens | 1", times, "1 (folded weights cached)"))
     print(
-        f"\nFixed cost of unified, from the shapes: dense {weight_passes(build('dense', 'unified')) / 1e6:.1f} M, "
-        f"MoE {weight_passes(build('moe', 'unified')) / 1e6:.1f} M weight-element passes per step"
+        f"\nFixed cost of unified, from the shapes: dense {passes['dense'] / 1e6:.1f} M, "
+        f"MoE {passes['moe'] / 1e6:.1f} M weight-element passes per step"
     )
     print(f"\n64 experts, 16 tokens per step: {receiving_experts(args.repetitions)}")
     if args.profile:
