@@ -89,6 +89,14 @@ def peak_memory(build: Callable[[], Callable[[], None]], steps: int = 2) -> int:
     return memory.peak
 
 
+def move_scales_off_one(model: torch.nn.Module) -> None:
+    """Every scale parameter drawn from U(0.5, 1.5), so that a check sees what the scales do (not their init, 1)."""
+    with torch.no_grad():
+        for names in model.scale_vector_roles().values():
+            for name in names:
+                model.get_parameter(name).uniform_(0.5, 1.5)
+
+
 def training_step(model: torch.nn.Module, vocab_size: int, batch: int, seq: int) -> Callable[[], None]:
     """One forward + backward + fused AdamW step (what `adamw_torch_fused` builds) on fixed random tokens."""
     model.train()

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from _common import move_scales_off_one
 
 CASES = {
     "standard-qk-norm": dict(scale_preset="standard", qk_norm=True),
@@ -32,10 +33,7 @@ def save_cases(root: Path) -> None:
     for name, fields in CASES.items():
         torch.manual_seed(0)
         model = ScaleVecForCausalLM(ScaleVecConfig(**DIMS, num_key_value_heads=2, **fields))
-        with torch.no_grad():
-            for names in model.scale_vector_roles().values():
-                for parameter_name in names:
-                    model.get_parameter(parameter_name).uniform_(0.5, 1.5)
+        move_scales_off_one(model)
         model.save_pretrained(root / name)
 
 

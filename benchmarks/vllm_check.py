@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from _common import move_scales_off_one
 
 DIMS = dict(
     vocab_size=320,
@@ -92,10 +93,7 @@ def save_folders(root: Path) -> dict[str, dict]:
     for name, (fields, target) in CASES.items():
         torch.manual_seed(0)
         model = ScaleVecForCausalLM(ScaleVecConfig(**DIMS, **fields)).eval()
-        with torch.no_grad():
-            for names in model.scale_vector_roles().values():
-                for parameter_name in names:
-                    model.get_parameter(parameter_name).uniform_(0.5, 1.5)
+        move_scales_off_one(model)
         model.save_pretrained(root / f"{name}-trained")
         tokenizer.save_pretrained(root / f"{name}-trained")
         fold_checkpoint(root / f"{name}-trained", root / f"{name}-folded")
