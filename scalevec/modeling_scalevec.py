@@ -191,31 +191,42 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
 
 
-def _effective_weight(weight, in_scale, out_scale, grouped: bool, dtype: torch.dtype) -> torch.Tensor:
-    """`diag(b) W diag(a)`, one pass per scale (the second in place), as (out, in) or, grouped, (E, out, in)."""
+def _effective_weight(weight, in_scale, out_scale, dtype: torch.dtype) -> torch.Tensor:
+    """`diag(b) W diag(a)` in `dtype`, shape (..., out, in): one pass per scale, the second in place."""
     if in_scale is None and out_scale is None:
-        return weight.to(dtype).flatten(1, -2) if grouped else weight.to(dtype)
+        return weight.to(dtype)
     first = in_scale.unsqueeze(-2) if out_scale is None else out_scale.unsqueeze(-1)
     folded = torch.mul(weight, first, out=weight.new_empty(weight.shape, dtype=dtype))
-    if in_scale is not None and out_scale is not None:
-        folded.mul_(in_scale.unsqueeze(-2))
-    return folded.flatten(1, -2) if grouped else folded
+    return folded if in_scale is None or out_scale is None else folded.mul_(in_scale.unsqueeze(-2))
+
+
+def _column_sums(matrix: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """`sum_i w_i M_ij` over the rows of `M` (..., out, in): a vector-matrix product, no temporary."""
+    if weights is None:
+        return matrix.sum(-2)
+    return weights @ matrix if matrix.dim() == 2 else (weights.unsqueeze(-2) @ matrix).squeeze(-2)
+
+
+def _row_sums(matrix: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """`sum_j w_j M_ij` over the columns of `M` (..., out, in). Batched, as a row vector times the transpose: as a
+    batched matrix-vector product, BLAS is ~9x slower on expert stacks."""
+    if weights is None:
+        return matrix.sum(-1)
+    return matrix @ weights if matrix.dim() == 2 else (weights.unsqueeze(-2) @ matrix.mT).squeeze(-2)
 
 
 def _scale_grads(grad_eff, weight, in_scale, out_scale):
     """Gradients of W, a and b from the gradient G of the folded weight `diag(b) W diag(a)` (shape (..., out, in)):
-    `diag(b) G diag(a)`, and the column / row sums of `G * W` weighted by the other scale (a matmul, no temporary)."""
-    grad_eff = grad_eff.reshape(weight.shape).to(weight.dtype)
+    `diag(b) G diag(a)` (G rescaled in place) and the column / row sums of `G * W` weighted by the other scale."""
     if in_scale is None and out_scale is None:
         return grad_eff, None, None
     product = grad_eff * weight
     grad_in = grad_out = None
     if in_scale is not None:
-        grad_in = product.sum(-2) if out_scale is None else (out_scale.unsqueeze(-2) @ product).squeeze(-2)
+        grad_in = _column_sums(product, out_scale)
         grad_eff.mul_(in_scale.unsqueeze(-2))
     if out_scale is not None:
-        # a row vector times the transpose: as a batched matrix-vector product, BLAS is ~9x slower on expert stacks
-        grad_out = product.sum(-1) if in_scale is None else (in_scale.unsqueeze(-2) @ product.mT).squeeze(-2)
+        grad_out = _row_sums(product, in_scale)
         grad_eff.mul_(out_scale.unsqueeze(-1))
     return grad_eff, grad_in, grad_out
 
@@ -237,32 +248,35 @@ class _ScaledLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x, group_sizes, experts, *tensors)
         outputs = []
         for weight, in_scale, out_scale in _branches(tensors, num_branches, experts):
-            folded = _effective_weight(weight, in_scale, out_scale, group_sizes is not None, dtype)
-            outputs.append(x @ folded.T if group_sizes is None else _grouped_linear(x, folded, group_sizes))
+            folded = _effective_weight(weight, in_scale, out_scale, dtype)
+            outputs.append(
+                F.linear(x, folded) if group_sizes is None else _grouped_linear(x, folded.flatten(1, -2), group_sizes)
+            )
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads):
         x, group_sizes, experts, *tensors = ctx.saved_tensors
-        grouped = group_sizes is not None
         flat_x = x.reshape(-1, x.shape[-1])
         grad_x, weight_grads = None, []
         for grad, (weight, in_scale, out_scale) in zip(grads, _branches(tensors, ctx.num_branches, experts)):
-            grad = grad.to(x.dtype).contiguous()
-            flat_grad = grad.reshape(-1, grad.shape[-1])
+            flat_grad = grad.reshape(-1, grad.shape[-1]).to(x.dtype)
             if ctx.needs_input_grad[0]:
-                folded = _effective_weight(weight, in_scale, out_scale, grouped, x.dtype)
-                if grouped:
-                    branch_grad_x = _grouped_linear(flat_grad, folded.transpose(-2, -1), group_sizes)
+                folded = _effective_weight(weight, in_scale, out_scale, x.dtype)
+                if group_sizes is None:
+                    branch_grad_x = flat_grad @ folded
                 else:
-                    branch_grad_x = grad @ folded
+                    branch_grad_x = _grouped_linear(flat_grad.contiguous(), folded.flatten(1, -2).mT, group_sizes)
                 grad_x = branch_grad_x if grad_x is None else grad_x.add_(branch_grad_x)
             if any(ctx.needs_input_grad[4:]):
-                grad_folded = _grouped_weight_grad(flat_grad, flat_x, group_sizes) if grouped else flat_grad.T @ flat_x
-                weight_grads.append(_scale_grads(grad_folded, weight, in_scale, out_scale))
+                if group_sizes is None:
+                    grad_folded = flat_grad.T @ flat_x
+                else:
+                    grad_folded = _grouped_weight_grad(flat_grad.contiguous(), flat_x, group_sizes).view(weight.shape)
+                weight_grads.append(_scale_grads(grad_folded.to(weight.dtype), weight, in_scale, out_scale))
             else:
                 weight_grads.append((None, None, None))
-        grad_x = None if grad_x is None else grad_x.to(ctx.input_dtype)
+        grad_x = None if grad_x is None else grad_x.view(x.shape).to(ctx.input_dtype)
         grads_in_order = (g for grad_of in zip(*weight_grads) for g in grad_of)
         return grad_x, None, None, None, *(_scattered(g, experts, t) for g, t in zip(grads_in_order, tensors))
 
