@@ -201,6 +201,34 @@ def test_custom_backward_matches_autograd_of_the_plain_formula():
         torch.testing.assert_close(a, e)
 
 
+@pytest.mark.parametrize("moe", [False, True])
+def test_vectors_formed_at_the_start_of_a_training_forward_change_no_gradient(moe, monkeypatch):
+    """A training forward forms every magnitude-direction vector at its start, stacked by shape; the layers use
+    those, and logits and gradients equal forming each vector where it is used."""
+    from scalevec import modeling_scalevec
+
+    model = unified_with_random_scales(**(dict(num_experts=4, num_experts_per_tok=2) if moe else {})).train()
+    ids = random_ids(model.config)
+    scales = [m for m in model.modules() if isinstance(m, modeling_scalevec.ScaleVecScale)]
+    magdir = [scale for scale in scales if scale.scale_param == "magdir"]
+    seen = []
+    hook = model.model.layers[0].register_forward_pre_hook(
+        lambda *_: seen.append(modeling_scalevec._FORMED_SCALE_VECTORS.get())
+    )
+    formed = gradients(model, ids)
+    hook.remove()
+    (vectors,) = seen
+    assert set(vectors) == set(magdir)
+    for scale in magdir:
+        expected = scale.direction / scale.direction.pow(2).mean(-1, keepdim=True).sqrt() * scale.magnitude
+        torch.testing.assert_close(vectors[scale], expected)
+    assert modeling_scalevec._FORMED_SCALE_VECTORS.get() is None
+    monkeypatch.setattr(modeling_scalevec, "_formed_scale_vectors", lambda model: None)
+    one_by_one = gradients(model, ids)
+    for name in formed:
+        torch.testing.assert_close(formed[name], one_by_one[name], atol=1e-6, rtol=1e-5)
+
+
 def test_save_and_reload_give_equal_logits(tmp_path):
     model = unified_with_random_scales()
     model.save_pretrained(tmp_path)
