@@ -11,10 +11,18 @@ with `R_pass` (weight elements per second of one elementwise pass) and `t_op` (s
 here on this machine, `extra_ops` counted (aten ops per step, unified minus standard) and `T_standard(N)` the
 measured standard step. The fixed part does not grow with N, so the overhead falls as 1/N.
 
+Page faults. glibc hands large freed blocks back to the kernel and takes them again on the next step, so every step
+pays page faults (zeroed pages) for a share of its tensors; which share moves with each step's allocation order, and
+two presets can differ by thousands of faults per step (several ms at 1k tokens). The table reports them;
+`--keep-freed-memory` asks glibc (mallopt) to keep what it frees, which leaves the compute alone in the ratio.
+
     python benchmarks/bench_overhead.py [--repetitions 11] [--tokens 256 1024 4096 8192] [--profile]
+                                        [--keep-freed-memory]
 """
 
 import argparse
+import ctypes
+import resource
 import statistics
 import sys
 from collections import Counter
@@ -166,10 +174,36 @@ def receiving_experts(repetitions: int) -> str:
     return " / ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in times.items())
 
 
-def row(label: str, times: dict[str, list[float]], model: str) -> str:
+def keep_freed_memory() -> None:
+    """glibc keeps freed blocks for reuse instead of returning them to the kernel (no page faults after warm-up)."""
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    for option, value in ((m_mmap_threshold, 32 << 20), (m_trim_threshold, 1 << 40), (m_top_pad, 256 << 20)):
+        if not libc.mallopt(option, value):
+            raise RuntimeError(f"mallopt({option}, {value}) failed: --keep-freed-memory needs glibc")
+
+
+def timed_with_faults(steps: dict, repetitions: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """`interleaved_times` of the steps, and the median minor page faults per step of each."""
+    faults = {name: [] for name in steps}
+
+    def counting(name, step):
+        def run():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            step()
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+        return run
+
+    times = interleaved_times({name: counting(name, step) for name, step in steps.items()}, repetitions)
+    return times, {name: statistics.median(counts) for name, counts in faults.items()}
+
+
+def row(label: str, times: dict[str, list[float]], faults: dict[str, float], model: str) -> str:
     std, uni = (statistics.median(times[preset]) for preset in ("standard", "unified"))
     best = min(times["unified"]) / min(times["standard"])
-    return f"| {label} | {std * 1e3:.1f} | {uni * 1e3:.1f} | {uni / std:.3f} | {best:.3f} | {model} |"
+    page_faults = f"{faults['standard']:.0f} / {faults['unified']:.0f}"
+    return f"| {label} | {std * 1e3:.1f} | {uni * 1e3:.1f} | {uni / std:.3f} | {best:.3f} | {page_faults} | {model} |"
 
 
 def main() -> None:
@@ -177,24 +211,32 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=11)
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024, 4096, 8192])
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table at 1k tokens")
+    parser.add_argument("--keep-freed-memory", action="store_true", help="no page faults: see the docstring")
     args = parser.parse_args()
+    if args.keep_freed_memory:
+        keep_freed_memory()
     r_pass, t_op = machine_rates()
     print(f"## Overhead against tokens per step ({today()}, {machine()})\n")
     print(f"hidden 256, 4 layers, seq {SEQ}, fp32, AdamW; {args.repetitions} interleaved steps: median and best.")
-    print(f"Machine rates: R_pass = {r_pass / 1e9:.2f} G elements/s, t_op = {t_op * 1e6:.1f} us\n")
-    print("| model | tokens | standard ms | unified ms | unified / standard | best / best | cost model |")
-    print("|---|---|---|---|---|---|---|")
+    allocator = "keeps freed memory (mallopt)" if args.keep_freed_memory else "glibc defaults"
+    rates = f"R_pass = {r_pass / 1e9:.2f} G elements/s, t_op = {t_op * 1e6:.1f} us"
+    print(f"Allocator: {allocator}. Machine rates: {rates}\n")
+    print(
+        "| model | tokens | standard ms | unified ms | unified / standard | best / best | page faults per step "
+        "(std / uni) | cost model |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     passes = {shape: weight_passes(build(shape, "unified")) for shape in SHAPES}
     for shape in SHAPES:
         for tokens in sorted(args.tokens):
             steps = training_steps(shape, tokens)
             extra_ops = ops_per_step(steps["unified"]) - ops_per_step(steps["standard"])
             fixed = passes[shape] / r_pass + extra_ops * t_op
-            times = interleaved_times(steps, args.repetitions)
+            times, faults = timed_with_faults(steps, args.repetitions)
             predicted = 1 + fixed / statistics.median(times["standard"])
-            print(row(f"{shape} | {tokens}", times, f"{predicted:.3f}"))
-        times = interleaved_times(decoding_steps(shape), args.repetitions)
-        print(row(f"{shape}, decoding 32 tokens | 1", times, "1 (folded weights cached)"))
+            print(row(f"{shape} | {tokens}", times, faults, f"{predicted:.3f}"))
+        times, faults = timed_with_faults(decoding_steps(shape), args.repetitions)
+        print(row(f"{shape}, decoding 32 tokens | 1", times, faults, "1 (folded weights cached)"))
     print(
         f"\nFixed cost of unified, from the shapes: dense {passes['dense'] / 1e6:.1f} M, "
         f"MoE {passes['moe'] / 1e6:.1f} M weight-element passes per step"
