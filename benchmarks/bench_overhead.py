@@ -17,7 +17,10 @@ two presets can differ by thousands of faults per step (several ms at 1k tokens)
 `--keep-freed-memory` asks glibc (mallopt) to keep what it frees, which leaves the compute alone in the ratio.
 
     python benchmarks/bench_overhead.py [--repetitions 11] [--tokens 256 1024 4096 8192] [--profile]
-                                        [--keep-freed-memory]
+                                        [--keep-freed-memory] [--passes]
+
+`--passes` times unified at 1k tokens with each group of its weight-sized passes replaced by a no-op (wrong
+numbers, timing only): what is left above standard once they are gone is everything else unified does.
 """
 
 import argparse
@@ -156,6 +159,43 @@ def profile_table(shape: str, tokens: int) -> str:
     return "\n".join(lines)
 
 
+def without_passes(shape: str, tokens: int, repetitions: int) -> str:
+    """Where unified's overhead goes: its training step with one group of weight-sized passes replaced by a no-op
+    (wrong numbers, timing only) — the fold in forward, the refold in backward, the scale gradients, or all three."""
+    fold, scale_grads = modeling._effective_weight, modeling._scale_grads
+
+    def fold_except_in(skipped: str):
+        def folding(weight, in_scale, out_scale, dtype):
+            caller = sys._getframe(1).f_code.co_name  # the fused function's forward or backward
+            return weight if caller == skipped else fold(weight, in_scale, out_scale, dtype)
+
+        return folding
+
+    def no_scale_grads(grad, weight, in_scale, out_scale):
+        return grad, *(None if scale is None else torch.zeros_like(scale) for scale in (in_scale, out_scale))
+
+    def patched(new_fold, new_scale_grads):
+        step = training_steps(shape, tokens)["unified"]
+
+        def run():
+            modeling._effective_weight, modeling._scale_grads = new_fold, new_scale_grads
+            try:
+                step()
+            finally:
+                modeling._effective_weight, modeling._scale_grads = fold, scale_grads
+
+        return run
+
+    steps = training_steps(shape, tokens) | {
+        "no fold in forward": patched(fold_except_in("forward"), scale_grads),
+        "no refold in backward": patched(fold_except_in("backward"), scale_grads),
+        "no scale-gradient passes": patched(fold, no_scale_grads),
+        "none of them": patched(lambda weight, *_: weight, no_scale_grads),
+    }
+    times = interleaved_medians(steps, repetitions)
+    return " / ".join(f"{name} {seconds / times['standard']:.3f}" for name, seconds in times.items())
+
+
 def receiving_experts(repetitions: int) -> str:
     """Training steps of 16 tokens on a 64-expert top-2 MoE (at most 32 experts receive tokens): folding only the
     receiving experts against folding all of them, unified."""
@@ -212,6 +252,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024, 4096, 8192])
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table at 1k tokens")
     parser.add_argument("--keep-freed-memory", action="store_true", help="no page faults: see the docstring")
+    parser.add_argument("--passes", action="store_true", help="also time unified without its weight-sized passes")
     args = parser.parse_args()
     if args.keep_freed_memory:
         keep_freed_memory()
@@ -242,6 +283,9 @@ def main() -> None:
         f"MoE {passes['moe'] / 1e6:.1f} M weight-element passes per step"
     )
     print(f"\n64 experts, 16 tokens per step: {receiving_experts(args.repetitions)}")
+    if args.passes:
+        for shape in SHAPES:
+            print(f"\n{shape}, 1024 tokens, step / standard's: {without_passes(shape, 1024, args.repetitions)}")
     if args.profile:
         for shape in SHAPES:
             print(f"\n### torch.profiler, {shape}, 1024 tokens per step (ms per step)\n\n{profile_table(shape, 1024)}")
