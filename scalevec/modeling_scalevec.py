@@ -8,8 +8,10 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -222,10 +224,43 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
 
 
+def _cpu_kernels(*tensors: torch.Tensor | None) -> ModuleType | None:
+    """ScaleVec's fused CPU kernels (`scalevec/cpu_kernels.py`, opt-in with SCALEVEC_CPU_KERNELS=1) when they
+    apply to `tensors`: plain contiguous fp32 CPU tensors, outside torch.compile. None where ScaleVec itself is not
+    installed (remote code) or the kernels cannot be built."""
+    if os.environ.get("SCALEVEC_CPU_KERNELS") != "1" or torch.compiler.is_compiling():
+        return None
+    plain = (torch.Tensor, nn.Parameter)
+    present = [t for t in tensors if t is not None]
+    if not all(type(t) in plain and t.device.type == "cpu" and t.dtype == torch.float32 for t in present):
+        return None
+    if not all(t.is_contiguous() for t in present):
+        return None
+    try:
+        from scalevec.cpu_kernels import load
+    except ImportError:
+        return None
+    return load()
+
+
+def _kernel_operands(weight: torch.Tensor, in_scale, out_scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The weight as (B, out, in) and its scales as (B, in), (B, out), ones for a missing one."""
+    out_features, in_features = weight.shape[-2:]
+    stack = weight.view(-1, out_features, in_features)
+    in_scale = stack.new_ones(len(stack), in_features) if in_scale is None else in_scale.view(-1, in_features)
+    out_scale = stack.new_ones(len(stack), out_features) if out_scale is None else out_scale.view(-1, out_features)
+    return stack, in_scale, out_scale
+
+
 def _effective_weight(weight, in_scale, out_scale, dtype: torch.dtype) -> torch.Tensor:
-    """`diag(b) W diag(a)` in `dtype`, shape (..., out, in): one pass per scale, the second in place."""
+    """`diag(b) W diag(a)` in `dtype`, shape (..., out, in): one pass per scale, the second in place (one pass in
+    all with the CPU kernels)."""
     if in_scale is None and out_scale is None:
         return weight.to(dtype)
+    both = in_scale is not None and out_scale is not None
+    kernels = _cpu_kernels(weight, in_scale, out_scale) if both and dtype == weight.dtype else None
+    if kernels is not None:
+        return kernels.fold(*_kernel_operands(weight, in_scale, out_scale)).view(weight.shape)
     first = in_scale.unsqueeze(-2) if out_scale is None else out_scale.unsqueeze(-1)
     folded = torch.mul(weight, first, out=weight.new_empty(weight.shape, dtype=dtype))
     return folded if in_scale is None or out_scale is None else folded.mul_(in_scale.unsqueeze(-2))
@@ -262,6 +297,21 @@ def _scale_grads(grad_eff, weight, in_scale, out_scale):
     return grad_eff, grad_in, grad_out
 
 
+def _refold_and_scale_grads(grad_eff, weight, in_scale, out_scale, dtype: torch.dtype, refold: bool):
+    """The backward's folded weight (in `dtype`; None unless `refold`) and the gradients of W, a and b from that of
+    the folded weight: `_effective_weight` and `_scale_grads`, or one read of W and G by the CPU kernels."""
+    scaled = in_scale is not None or out_scale is not None
+    kernels = _cpu_kernels(grad_eff, weight, in_scale, out_scale) if scaled and dtype == weight.dtype else None
+    if kernels is None:
+        folded = _effective_weight(weight, in_scale, out_scale, dtype) if refold else None
+        return folded, _scale_grads(grad_eff, weight, in_scale, out_scale)
+    stack, stacked_in, stacked_out = _kernel_operands(weight, in_scale, out_scale)
+    folded, grad_in, grad_out = kernels.fold_backward(stack, grad_eff.view(stack.shape), stacked_in, stacked_out)
+    grad_in = None if in_scale is None else grad_in.view(in_scale.shape)
+    grad_out = None if out_scale is None else grad_out.view(out_scale.shape)
+    return folded.view(weight.shape), (grad_eff, grad_in, grad_out)
+
+
 class _ScaledLinearFunction(torch.autograd.Function):
     """`y_i = x @ (diag(b_i) W_i diag(a_i)).T` for several maps of one input, optionally grouped by expert.
 
@@ -292,21 +342,25 @@ class _ScaledLinearFunction(torch.autograd.Function):
         grad_x, weight_grads = None, []
         for grad, (weight, in_scale, out_scale) in zip(grads, _branches(tensors, ctx.num_branches, experts)):
             flat_grad = grad.reshape(-1, grad.shape[-1]).to(x.dtype)
-            if ctx.needs_input_grad[0]:
-                folded = _effective_weight(weight, in_scale, out_scale, x.dtype)
-                if group_sizes is None:
-                    branch_grad_x = flat_grad @ folded
-                else:
-                    branch_grad_x = _grouped_linear(flat_grad.contiguous(), folded.flatten(1, -2).mT, group_sizes)
-                grad_x = branch_grad_x if grad_x is None else grad_x.add_(branch_grad_x)
             if any(ctx.needs_input_grad[4:]):
                 if group_sizes is None:
                     grad_folded = flat_grad.T @ flat_x
                 else:
                     grad_folded = _grouped_weight_grad(flat_grad.contiguous(), flat_x, group_sizes).view(weight.shape)
-                weight_grads.append(_scale_grads(grad_folded.to(weight.dtype), weight, in_scale, out_scale))
+                grad_folded = grad_folded.to(weight.dtype)
+                folded, grads_of_branch = _refold_and_scale_grads(
+                    grad_folded, weight, in_scale, out_scale, x.dtype, refold=ctx.needs_input_grad[0]
+                )
+                weight_grads.append(grads_of_branch)
             else:
+                folded = _effective_weight(weight, in_scale, out_scale, x.dtype) if ctx.needs_input_grad[0] else None
                 weight_grads.append((None, None, None))
+            if ctx.needs_input_grad[0]:
+                if group_sizes is None:
+                    branch_grad_x = flat_grad @ folded
+                else:
+                    branch_grad_x = _grouped_linear(flat_grad.contiguous(), folded.flatten(1, -2).mT, group_sizes)
+                grad_x = branch_grad_x if grad_x is None else grad_x.add_(branch_grad_x)
         grad_x = None if grad_x is None else grad_x.view(x.shape).to(ctx.input_dtype)
         grads_in_order = (g for grad_of in zip(*weight_grads) for g in grad_of)
         return grad_x, None, None, None, *(_scattered(g, experts, t) for g, t in zip(grads_in_order, tensors))
