@@ -17,14 +17,17 @@ two presets can differ by thousands of faults per step (several ms at 1k tokens)
 `--keep-freed-memory` asks glibc (mallopt) to keep what it frees, which leaves the compute alone in the ratio.
 
     python benchmarks/bench_overhead.py [--repetitions 11] [--tokens 256 1024 4096 8192] [--profile]
-                                        [--keep-freed-memory] [--passes]
+                                        [--keep-freed-memory] [--passes] [--cpu-kernels]
 
 `--passes` times unified at 1k tokens with each group of its weight-sized passes replaced by a no-op (wrong
 numbers, timing only): what is left above standard once they are gone is everything else unified does.
+`--cpu-kernels` runs every step with ScaleVec's fused CPU kernels (SCALEVEC_CPU_KERNELS=1, scalevec/cpu_kernels.py),
+which make those passes in one read of each weight.
 """
 
 import argparse
 import ctypes
+import os
 import resource
 import statistics
 import sys
@@ -35,7 +38,7 @@ from _common import interleaved_medians, interleaved_times, machine, today
 from _common import training_step as common_training_step
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scalevec import ScaleVecConfig, ScaleVecForCausalLM
+from scalevec import ScaleVecConfig, ScaleVecForCausalLM, cpu_kernels
 from scalevec import modeling_scalevec as modeling
 
 SEQ = 256
@@ -161,7 +164,8 @@ def profile_table(shape: str, tokens: int) -> str:
 
 def without_passes(shape: str, tokens: int, repetitions: int) -> str:
     """Where unified's overhead goes: its training step with one group of weight-sized passes replaced by a no-op
-    (wrong numbers, timing only) — the fold in forward, the refold in backward, the scale gradients, or all three."""
+    (wrong numbers, timing only) — the fold in forward, the refold in backward, the scale gradients, or all three —
+    and with all of them made by the fused CPU kernels instead (where they build)."""
     fold, scale_grads = modeling._effective_weight, modeling._scale_grads
 
     def fold_except_in(skipped: str):
@@ -186,12 +190,23 @@ def without_passes(shape: str, tokens: int, repetitions: int) -> str:
 
         return run
 
+    fused_step = training_steps(shape, tokens)["unified"]
+
+    def with_cpu_kernels():
+        os.environ["SCALEVEC_CPU_KERNELS"] = "1"
+        try:
+            fused_step()
+        finally:
+            del os.environ["SCALEVEC_CPU_KERNELS"]
+
     steps = training_steps(shape, tokens) | {
         "no fold in forward": patched(fold_except_in("forward"), scale_grads),
         "no refold in backward": patched(fold_except_in("backward"), scale_grads),
         "no scale-gradient passes": patched(fold, no_scale_grads),
         "none of them": patched(lambda weight, *_: weight, no_scale_grads),
     }
+    if cpu_kernels.load() is not None:
+        steps["the passes by the fused CPU kernels"] = with_cpu_kernels
     times = interleaved_medians(steps, repetitions)
     return " / ".join(f"{name} {seconds / times['standard']:.3f}" for name, seconds in times.items())
 
@@ -253,15 +268,21 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table at 1k tokens")
     parser.add_argument("--keep-freed-memory", action="store_true", help="no page faults: see the docstring")
     parser.add_argument("--passes", action="store_true", help="also time unified without its weight-sized passes")
+    parser.add_argument("--cpu-kernels", action="store_true", help="fused CPU kernels for the passes")
     args = parser.parse_args()
     if args.keep_freed_memory:
         keep_freed_memory()
+    if args.cpu_kernels:
+        os.environ["SCALEVEC_CPU_KERNELS"] = "1"  # every step; --passes compares them side by side either way
+        if cpu_kernels.load() is None:
+            raise SystemExit("the CPU kernels could not be built (see the warning)")
     r_pass, t_op = machine_rates()
     print(f"## Overhead against tokens per step ({today()}, {machine()})\n")
     print(f"hidden 256, 4 layers, seq {SEQ}, fp32, AdamW; {args.repetitions} interleaved steps: median and best.")
     allocator = "keeps freed memory (mallopt)" if args.keep_freed_memory else "glibc defaults"
+    kernels = "fused CPU kernels" if args.cpu_kernels else "eager passes"
     rates = f"R_pass = {r_pass / 1e9:.2f} G elements/s, t_op = {t_op * 1e6:.1f} us"
-    print(f"Allocator: {allocator}. Machine rates: {rates}\n")
+    print(f"Allocator: {allocator}; {kernels}. Machine rates: {rates}\n")
     print(
         "| model | tokens | standard ms | unified ms | unified / standard | best / best | page faults per step "
         "(std / uni) | cost model |"
