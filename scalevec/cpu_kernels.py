@@ -23,8 +23,8 @@ _SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <vector>
 
-// Rows of (B, out, in) split over PyTorch's own intra-op threads (at::parallel_for): a second OpenMP runtime would
-// keep its threads spinning against PyTorch's after every call.
+// Rows of (B, out, in) split over PyTorch's intra-op threads: at::parallel_for, compiled with -fopenmp so that it
+// runs in parallel (the loader gives this module the libgomp.so.1 that torch has loaded: one OpenMP runtime).
 constexpr int64_t kGrain = 16;
 
 torch::Tensor fold(torch::Tensor weight, torch::Tensor in_scale, torch::Tensor out_scale) {
@@ -89,7 +89,8 @@ def load() -> ModuleType | None:
             name="scalevec_cpu_kernels",
             cpp_sources=_SOURCE,
             functions=["fold", "fold_backward"],
-            extra_cflags=["-O3", "-fopenmp-simd"],
+            extra_cflags=["-O3", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
         )
     except Exception as error:  # no compiler, no write access to the cache: the eager path still works
         warnings.warn(f"ScaleVec's CPU kernels could not be built, using the eager path: {error}", stacklevel=2)
