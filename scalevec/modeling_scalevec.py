@@ -236,6 +236,11 @@ def _cpu_kernels(*tensors: torch.Tensor | None) -> ModuleType | None:
         return None
     if not all(t.is_contiguous() for t in present):
         return None
+    return _built_cpu_kernels()
+
+
+@functools.cache
+def _built_cpu_kernels() -> ModuleType | None:
     try:
         from scalevec.cpu_kernels import load
     except ImportError:
