@@ -32,6 +32,7 @@ import resource
 import statistics
 import sys
 from collections import Counter
+from unittest import mock
 
 import torch
 from _common import interleaved_medians, interleaved_times, machine, today
@@ -53,12 +54,13 @@ def build(shape: str, preset: str, **overrides) -> ScaleVecForCausalLM:
     return ScaleVecForCausalLM(config)
 
 
+def preset_step(shape: str, tokens: int, preset: str, **overrides):
+    model = build(shape, preset, **overrides)
+    return common_training_step(model, model.config.vocab_size, max(tokens // SEQ, 1), min(tokens, SEQ))
+
+
 def training_steps(shape: str, tokens: int, **overrides) -> dict:
-    models = {preset: build(shape, preset, **overrides) for preset in ("standard", "unified")}
-    return {
-        p: common_training_step(m, m.config.vocab_size, max(tokens // SEQ, 1), min(tokens, SEQ))
-        for p, m in models.items()
-    }
+    return {preset: preset_step(shape, tokens, preset, **overrides) for preset in ("standard", "unified")}
 
 
 def decoding_steps(shape: str, new_tokens: int = 32) -> dict:
@@ -163,9 +165,9 @@ def profile_table(shape: str, tokens: int) -> str:
 
 
 def without_passes(shape: str, tokens: int, repetitions: int) -> str:
-    """Where unified's overhead goes: its training step with one group of weight-sized passes replaced by a no-op
-    (wrong numbers, timing only) — the fold in forward, the refold in backward, the scale gradients, or all three —
-    and with all of them made by the fused CPU kernels instead (where they build)."""
+    """Where unified's overhead goes: its eager training step with one group of weight-sized passes replaced by a
+    no-op (wrong numbers, timing only) — the fold in forward, the refold in backward, the scale gradients, or all
+    three — and with all of them made by the fused CPU kernels instead (where they build)."""
     fold, scale_grads = modeling._effective_weight, modeling._scale_grads
 
     def fold_except_in(skipped: str):
@@ -178,35 +180,30 @@ def without_passes(shape: str, tokens: int, repetitions: int) -> str:
     def no_scale_grads(grad, weight, in_scale, out_scale):
         return grad, *(None if scale is None else torch.zeros_like(scale) for scale in (in_scale, out_scale))
 
-    def patched(new_fold, new_scale_grads):
-        step = training_steps(shape, tokens)["unified"]
+    def variant(preset: str, new_fold=fold, new_scale_grads=scale_grads, kernels: bool = False):
+        """The step with the given passes, the CPU kernels on or off whatever `--cpu-kernels` set."""
+        step = preset_step(shape, tokens, preset)
 
         def run():
             modeling._effective_weight, modeling._scale_grads = new_fold, new_scale_grads
             try:
-                step()
+                with mock.patch.dict(os.environ, {"SCALEVEC_CPU_KERNELS": "1" if kernels else "0"}):
+                    step()
             finally:
                 modeling._effective_weight, modeling._scale_grads = fold, scale_grads
 
         return run
 
-    fused_step = training_steps(shape, tokens)["unified"]
-
-    def with_cpu_kernels():
-        os.environ["SCALEVEC_CPU_KERNELS"] = "1"
-        try:
-            fused_step()
-        finally:
-            del os.environ["SCALEVEC_CPU_KERNELS"]
-
-    steps = training_steps(shape, tokens) | {
-        "no fold in forward": patched(fold_except_in("forward"), scale_grads),
-        "no refold in backward": patched(fold_except_in("backward"), scale_grads),
-        "no scale-gradient passes": patched(fold, no_scale_grads),
-        "none of them": patched(lambda weight, *_: weight, no_scale_grads),
+    steps = {
+        "standard": variant("standard"),
+        "unified": variant("unified"),
+        "no fold in forward": variant("unified", fold_except_in("forward")),
+        "no refold in backward": variant("unified", fold_except_in("backward")),
+        "no scale-gradient passes": variant("unified", new_scale_grads=no_scale_grads),
+        "none of them": variant("unified", lambda weight, *_: weight, no_scale_grads),
     }
     if cpu_kernels.load() is not None:
-        steps["the passes by the fused CPU kernels"] = with_cpu_kernels
+        steps["the passes by the fused CPU kernels"] = variant("unified", kernels=True)
     times = interleaved_medians(steps, repetitions)
     return " / ".join(f"{name} {seconds / times['standard']:.3f}" for name, seconds in times.items())
 
@@ -216,8 +213,7 @@ def receiving_experts(repetitions: int) -> str:
     receiving experts against folding all of them, unified."""
     steps, original = {}, modeling._receiving_experts
     for name, select in (("all experts", lambda group_sizes: (None, group_sizes)), ("receiving only", original)):
-        model = build("moe", "unified", num_experts=64)
-        step = common_training_step(model, model.config.vocab_size, 1, 16)
+        step = preset_step("moe", 16, "unified", num_experts=64)
 
         def timed(step=step, select=select):
             modeling._receiving_experts = select
@@ -273,7 +269,7 @@ def main() -> None:
     if args.keep_freed_memory:
         keep_freed_memory()
     if args.cpu_kernels:
-        os.environ["SCALEVEC_CPU_KERNELS"] = "1"  # every step; --passes compares them side by side either way
+        os.environ["SCALEVEC_CPU_KERNELS"] = "1"  # every step but --passes', which sets them per step
         if cpu_kernels.load() is None:
             raise SystemExit("the CPU kernels could not be built (see the warning)")
     r_pass, t_op = machine_rates()

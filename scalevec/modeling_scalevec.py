@@ -131,8 +131,8 @@ def _formed_scale_vectors(model: "ScaleVecModel") -> dict[ScaleVecScale, torch.T
     by_shape = {}
     for scale in model.modules():
         if isinstance(scale, ScaleVecScale) and scale.scale_param == "magdir":
-            pair = scale.magnitude, scale.direction
-            by_shape.setdefault((pair[1].shape, pair[1].dtype), []).append((scale, *pair))
+            magnitude, direction = scale.magnitude, scale.direction
+            by_shape.setdefault((direction.shape, direction.dtype), []).append((scale, magnitude, direction))
     formed = {}
     for group in by_shape.values():
         scales, magnitudes, directions = zip(*group)

@@ -39,6 +39,13 @@ def random_ids(config, batch: int = 2, length: int = 9, seed: int = 0) -> torch.
     return torch.randint(0, config.vocab_size, (batch, length), generator=generator)
 
 
+def gradients(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient of the language-modelling loss on `ids`."""
+    model.zero_grad()
+    model(ids, labels=ids).loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
 def randomize_scales(model: torch.nn.Module, seed: int = 0) -> None:
     """Move every scale parameter away from 1 so that tests see what the scales do."""
     generator = torch.Generator().manual_seed(seed)

@@ -9,7 +9,7 @@ import torch
 from scalevec import ScaleVecForCausalLM, cpu_kernels
 from scalevec import modeling_scalevec as modeling
 
-from ._helpers import random_ids, randomize_scales, tiny_config, tiny_moe_config
+from ._helpers import gradients, random_ids, randomize_scales, tiny_config, tiny_moe_config
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="the kernels are built with a C++ compiler")
 
@@ -61,12 +61,6 @@ def test_fold_and_backward_equal_the_eager_passes(kernels_on, weight_shape, in_s
         assert (actual is None) == (expected is None)
         if expected is not None:
             torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-
-
-def gradients(model, ids) -> dict[str, torch.Tensor]:
-    model.zero_grad()
-    model(ids, labels=ids).loss.backward()
-    return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("config", [tiny_config, tiny_moe_config], ids=["dense", "moe"])

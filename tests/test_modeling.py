@@ -10,6 +10,7 @@ from scalevec import ScaleVecForCausalLM, ScaleVecModel
 from ._helpers import (
     STRATEGIES,
     TINY,
+    gradients,
     logits,
     matrices_of,
     random_ids,
@@ -152,12 +153,6 @@ def test_generate_with_left_padding_matches_unpadded():
         **kwargs,
     )
     assert torch.equal(batched[:1, 7:], alone)
-
-
-def gradients(model, ids) -> dict[str, torch.Tensor]:
-    model.zero_grad()
-    model(ids, labels=ids).loss.backward()
-    return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
