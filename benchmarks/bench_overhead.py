@@ -17,12 +17,13 @@ two presets can differ by thousands of faults per step (several ms at 1k tokens)
 `--keep-freed-memory` asks glibc (mallopt) to keep what it frees, which leaves the compute alone in the ratio.
 
     python benchmarks/bench_overhead.py [--repetitions 11] [--tokens 256 1024 4096 8192] [--profile]
-                                        [--keep-freed-memory] [--passes] [--cpu-kernels]
+                                        [--keep-freed-memory] [--passes] [--cpu-kernels] [--in-step]
 
 `--passes` times unified at 1k tokens with each group of its weight-sized passes replaced by a no-op (wrong
 numbers, timing only): what is left above standard once they are gone is everything else unified does.
 `--cpu-kernels` runs every step with ScaleVec's fused CPU kernels (SCALEVEC_CPU_KERNELS=1, scalevec/cpu_kernels.py),
-which make those passes in one read of each weight.
+which make those passes in one read of each weight. `--in-step` times the passes themselves inside real steps, per
+weight shape, eager and with the kernels.
 """
 
 import argparse
@@ -31,7 +32,8 @@ import os
 import resource
 import statistics
 import sys
-from collections import Counter
+import time
+from collections import Counter, defaultdict
 from unittest import mock
 
 import torch
@@ -208,6 +210,56 @@ def without_passes(shape: str, tokens: int, repetitions: int) -> str:
     return " / ".join(f"{name} {seconds / times['standard']:.3f}" for name, seconds in times.items())
 
 
+def passes_in_step(shape: str, tokens: int, repetitions: int) -> str:
+    """Wall time of the weight-sized passes inside real unified steps, per weight shape (median per call x calls
+    per step): the fold in forward and the backward's refold + scale gradients, eager and with the fused CPU kernels
+    (where they build), in alternate steps. In a step the weights come cold from L3 after the matmuls, so these
+    differ from the passes timed alone."""
+    fold, refold_and_grads = modeling._effective_weight, modeling._refold_and_scale_grads
+    variants = {"eager": "0", "CPU kernels": "1"} if cpu_kernels.load() is not None else {"eager": "0"}
+    times = {name: defaultdict(list) for name in variants}
+
+    def timed(part: str, function, name: str):
+        def run(*args, **kwargs):
+            if part == "fold" and sys._getframe(1).f_code.co_name != "forward":
+                return function(*args, **kwargs)  # the backward's refold is timed with its scale gradients
+            start = time.perf_counter()
+            result = function(*args, **kwargs)
+            weight = args[1] if part == "backward" else args[0]
+            times[name][(part, tuple(weight.shape))].append(time.perf_counter() - start)
+            return result
+
+        return run
+
+    def variant(name: str, flag: str):
+        step = preset_step(shape, tokens, "unified")
+
+        def run():
+            modeling._effective_weight = timed("fold", fold, name)
+            modeling._refold_and_scale_grads = timed("backward", refold_and_grads, name)
+            try:
+                with mock.patch.dict(os.environ, {"SCALEVEC_CPU_KERNELS": flag}):
+                    step()
+            finally:
+                modeling._effective_weight, modeling._refold_and_scale_grads = fold, refold_and_grads
+
+        return run
+
+    interleaved_times({name: variant(name, flag) for name, flag in variants.items()}, repetitions)
+    per_step = {
+        name: {key: statistics.median(calls) * len(calls) / (repetitions + 2) for key, calls in by_key.items()}
+        for name, by_key in times.items()
+    }
+    lines = ["| pass | weight shape | " + " | ".join(f"{name} ms per step" for name in variants) + " |"]
+    lines.append("|---|---|" + "---|" * len(variants))
+    for part, weight_shape in per_step["eager"]:
+        cells = " | ".join(f"{per_step[name][(part, weight_shape)] * 1e3:.2f}" for name in variants)
+        lines.append(f"| {part} | {weight_shape} | {cells} |")
+    totals = " | ".join(f"{sum(per_step[name].values()) * 1e3:.2f}" for name in variants)
+    lines.append(f"| all | | {totals} |")
+    return "\n".join(lines)
+
+
 def receiving_experts(repetitions: int) -> str:
     """Training steps of 16 tokens on a 64-expert top-2 MoE (at most 32 experts receive tokens): folding only the
     receiving experts against folding all of them, unified."""
@@ -265,6 +317,7 @@ def main() -> None:
     parser.add_argument("--keep-freed-memory", action="store_true", help="no page faults: see the docstring")
     parser.add_argument("--passes", action="store_true", help="also time unified without its weight-sized passes")
     parser.add_argument("--cpu-kernels", action="store_true", help="fused CPU kernels for the passes")
+    parser.add_argument("--in-step", action="store_true", help="also time the passes inside 1k-token steps")
     args = parser.parse_args()
     if args.keep_freed_memory:
         keep_freed_memory()
@@ -303,6 +356,10 @@ def main() -> None:
     if args.passes:
         for shape in SHAPES:
             print(f"\n{shape}, 1024 tokens, step / standard's: {without_passes(shape, 1024, args.repetitions)}")
+    if args.in_step:
+        for shape in SHAPES:
+            table = passes_in_step(shape, 1024, args.repetitions)
+            print(f"\n### Passes inside {shape} steps of 1024 tokens\n\n{table}")
     if args.profile:
         for shape in SHAPES:
             print(f"\n### torch.profiler, {shape}, 1024 tokens per step (ms per step)\n\n{profile_table(shape, 1024)}")

@@ -249,12 +249,9 @@ def _built_cpu_kernels() -> ModuleType | None:
 
 
 def _kernel_operands(weight: torch.Tensor, in_scale, out_scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The weight as (B, out, in) and its scales as (B, in), (B, out), ones for a missing one."""
+    """The weight as (B, out, in) and its scales as (B, in), (B, out)."""
     out_features, in_features = weight.shape[-2:]
-    stack = weight.view(-1, out_features, in_features)
-    in_scale = stack.new_ones(len(stack), in_features) if in_scale is None else in_scale.view(-1, in_features)
-    out_scale = stack.new_ones(len(stack), out_features) if out_scale is None else out_scale.view(-1, out_features)
-    return stack, in_scale, out_scale
+    return weight.view(-1, out_features, in_features), in_scale.view(-1, in_features), out_scale.view(-1, out_features)
 
 
 def _effective_weight(weight, in_scale, out_scale, dtype: torch.dtype) -> torch.Tensor:
@@ -304,17 +301,16 @@ def _scale_grads(grad_eff, weight, in_scale, out_scale):
 
 def _refold_and_scale_grads(grad_eff, weight, in_scale, out_scale, dtype: torch.dtype, refold: bool):
     """The backward's folded weight (in `dtype`; None unless `refold`) and the gradients of W, a and b from that of
-    the folded weight: `_effective_weight` and `_scale_grads`, or one read of W and G by the CPU kernels."""
-    scaled = in_scale is not None or out_scale is not None
-    kernels = _cpu_kernels(grad_eff, weight, in_scale, out_scale) if scaled and dtype == weight.dtype else None
+    the folded weight: `_effective_weight` and `_scale_grads`, or, for a map with both scales, one read of W and G
+    by the CPU kernels (with one scale the eager passes are few, and the kernels measured no faster)."""
+    both = in_scale is not None and out_scale is not None
+    kernels = _cpu_kernels(grad_eff, weight, in_scale, out_scale) if both and dtype == weight.dtype else None
     if kernels is None:
         folded = _effective_weight(weight, in_scale, out_scale, dtype) if refold else None
         return folded, _scale_grads(grad_eff, weight, in_scale, out_scale)
     stack, stacked_in, stacked_out = _kernel_operands(weight, in_scale, out_scale)
     folded, grad_in, grad_out = kernels.fold_backward(stack, grad_eff.view(stack.shape), stacked_in, stacked_out)
-    grad_in = None if in_scale is None else grad_in.view(in_scale.shape)
-    grad_out = None if out_scale is None else grad_out.view(out_scale.shape)
-    return folded.view(weight.shape), (grad_eff, grad_in, grad_out)
+    return folded.view(weight.shape), (grad_eff, grad_in.view(in_scale.shape), grad_out.view(out_scale.shape))
 
 
 class _ScaledLinearFunction(torch.autograd.Function):

@@ -13,14 +13,11 @@ from ._helpers import gradients, random_ids, randomize_scales, tiny_config, tiny
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="the kernels are built with a C++ compiler")
 
-# (weight shape, in_scale shape or None, out_scale shape or None): a dense map, a gate_up expert stack (E, 2, I, H),
-# a down stack with a row scale only, a map with a column scale only
-CASES = [
-    ((24, 40), (40,), (24,)),
-    ((3, 2, 8, 16), (3, 2, 16), (3, 2, 8)),
-    ((3, 16, 8), None, (3, 16)),
-    ((24, 40), (40,), None),
-]
+# (weight shape, in_scale shape, out_scale shape): a dense map and a gate_up expert stack (E, 2, I, H) with both
+# scales, which the kernels take; a down stack with a row scale only and a map with a column scale only, which they
+# leave to the eager passes
+BOTH_SCALES = [((24, 40), (40,), (24,)), ((3, 2, 8, 16), (3, 2, 16), (3, 2, 8))]
+ONE_SCALE = [((3, 16, 8), None, (3, 16)), ((24, 40), (40,), None)]
 
 
 def operands(weight_shape, in_shape, out_shape, seed=0):
@@ -42,25 +39,37 @@ def test_kernels_are_off_unless_asked(monkeypatch):
     assert modeling._cpu_kernels(torch.ones(2, 2)) is None
 
 
-@pytest.mark.parametrize("weight_shape, in_shape, out_shape", CASES)
+@pytest.mark.parametrize("weight_shape, in_shape, out_shape", BOTH_SCALES)
 def test_fold_and_backward_equal_the_eager_passes(kernels_on, weight_shape, in_shape, out_shape):
     weight, in_scale, out_scale = operands(weight_shape, in_shape, out_shape)
     grad = torch.randn(weight_shape, generator=torch.Generator().manual_seed(1))
     eager_folded = modeling._folded(weight, in_scale, out_scale)
     eager_grads = modeling._scale_grads(grad.clone(), weight, in_scale, out_scale)
     assert modeling._cpu_kernels(weight, in_scale, out_scale) is not None
-    if in_scale is not None and out_scale is not None:
-        torch.testing.assert_close(
-            modeling._effective_weight(weight, in_scale, out_scale, torch.float32), eager_folded
-        )
+    torch.testing.assert_close(modeling._effective_weight(weight, in_scale, out_scale, torch.float32), eager_folded)
     folded, grads = modeling._refold_and_scale_grads(
         grad.clone(), weight, in_scale, out_scale, torch.float32, refold=True
     )
     torch.testing.assert_close(folded, eager_folded)
     for actual, expected in zip(grads, eager_grads):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("weight_shape, in_shape, out_shape", ONE_SCALE)
+def test_maps_with_one_scale_take_the_eager_passes(kernels_on, monkeypatch, weight_shape, in_shape, out_shape):
+    weight, in_scale, out_scale = operands(weight_shape, in_shape, out_shape)
+    grad = torch.randn(weight_shape, generator=torch.Generator().manual_seed(1))
+    asked = []
+    monkeypatch.setattr(modeling, "_cpu_kernels", lambda *tensors: asked.append(tensors))
+    folded, grads = modeling._refold_and_scale_grads(
+        grad.clone(), weight, in_scale, out_scale, torch.float32, refold=True
+    )
+    assert not asked
+    torch.testing.assert_close(folded, modeling._folded(weight, in_scale, out_scale))
+    for actual, expected in zip(grads, modeling._scale_grads(grad.clone(), weight, in_scale, out_scale)):
         assert (actual is None) == (expected is None)
         if expected is not None:
-            torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(actual, expected)
 
 
 @pytest.mark.parametrize("config", [tiny_config, tiny_moe_config], ids=["dense", "moe"])
