@@ -357,11 +357,11 @@ class _ScaledLinearFunction(torch.autograd.Function):
                 folded = _effective_weight(weight, in_scale, out_scale, x.dtype) if ctx.needs_input_grad[0] else None
                 weight_grads.append((None, None, None))
             if ctx.needs_input_grad[0]:
-                if group_sizes is not None:
+                if group_sizes is None:
+                    branch_grad_x = flat_grad @ folded
+                else:
                     branch_grad_x = _grouped_linear(flat_grad.contiguous(), folded.flatten(1, -2).mT, group_sizes)
-                    grad_x = branch_grad_x if grad_x is None else grad_x.add_(branch_grad_x)
-                else:  # the sum over maps accumulated by the GEMM itself
-                    grad_x = flat_grad @ folded if grad_x is None else grad_x.addmm_(flat_grad, folded)
+                grad_x = branch_grad_x if grad_x is None else grad_x.add_(branch_grad_x)
         grad_x = None if grad_x is None else grad_x.view(x.shape).to(ctx.input_dtype)
         grads_in_order = (g for grad_of in zip(*weight_grads) for g in grad_of)
         return grad_x, None, None, None, *(_scattered(g, experts, t) for g, t in zip(grads_in_order, tensors))
