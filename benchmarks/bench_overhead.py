@@ -18,20 +18,25 @@ two presets can differ by thousands of faults per step (several ms at 1k tokens)
 
     python benchmarks/bench_overhead.py [--repetitions 11] [--tokens 256 1024 4096 8192] [--profile]
                                         [--keep-freed-memory] [--passes] [--cpu-kernels] [--in-step]
+                                        [--against REVISION]
 
 `--passes` times unified at 1k tokens with each group of its weight-sized passes replaced by a no-op (wrong
 numbers, timing only): what is left above standard once they are gone is everything else unified does.
 `--cpu-kernels` runs every step with ScaleVec's fused CPU kernels (SCALEVEC_CPU_KERNELS=1, scalevec/cpu_kernels.py),
 which make those passes in one read of each weight. `--in-step` times the passes themselves inside real steps, per
-weight shape, eager and with the kernels.
+weight shape, eager and with the kernels. `--against REVISION` times unified with the modeling code of a git
+revision beside the current one, in the same process.
 """
 
 import argparse
 import ctypes
+import importlib.util
 import os
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from unittest import mock
@@ -260,6 +265,31 @@ def passes_in_step(shape: str, tokens: int, repetitions: int) -> str:
     return "\n".join(lines)
 
 
+def previous_modeling(revision: str):
+    """`scalevec/modeling_scalevec.py` as it was at a git revision, imported beside the current one."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    show = ["git", "show", f"{revision}:scalevec/modeling_scalevec.py"]
+    source = subprocess.run(show, cwd=root, capture_output=True, text=True, check=True).stdout
+    path = os.path.join(tempfile.mkdtemp(), "previous_modeling_scalevec.py")
+    with open(path, "w") as file:
+        file.write(source.replace("\nfrom .", "\nfrom scalevec."))
+    spec = importlib.util.spec_from_file_location("previous_modeling_scalevec", path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # inspect finds its classes' source
+    spec.loader.exec_module(module)
+    return module
+
+
+def against_revision(shape: str, tokens: int, revision: str, repetitions: int) -> str:
+    """Unified's step with the current code and with the code of `revision`, side by side, against standard's."""
+    previous = previous_modeling(revision)
+    steps = training_steps(shape, tokens)
+    torch.manual_seed(0)
+    model = previous.ScaleVecForCausalLM(build(shape, "unified").config)
+    steps[f"unified at {revision}"] = common_training_step(model, model.config.vocab_size, max(tokens // SEQ, 1), SEQ)
+    times = interleaved_medians(steps, repetitions)
+    return " / ".join(f"{name} {seconds / times['standard']:.3f}" for name, seconds in times.items())
+
+
 def receiving_experts(repetitions: int) -> str:
     """Training steps of 16 tokens on a 64-expert top-2 MoE (at most 32 experts receive tokens): folding only the
     receiving experts against folding all of them, unified."""
@@ -318,6 +348,7 @@ def main() -> None:
     parser.add_argument("--passes", action="store_true", help="also time unified without its weight-sized passes")
     parser.add_argument("--cpu-kernels", action="store_true", help="fused CPU kernels for the passes")
     parser.add_argument("--in-step", action="store_true", help="also time the passes inside 1k-token steps")
+    parser.add_argument("--against", metavar="REVISION", help="also time unified at 1k with this git revision's code")
     args = parser.parse_args()
     if args.keep_freed_memory:
         keep_freed_memory()
@@ -356,6 +387,10 @@ def main() -> None:
     if args.passes:
         for shape in SHAPES:
             print(f"\n{shape}, 1024 tokens, step / standard's: {without_passes(shape, 1024, args.repetitions)}")
+    if args.against:
+        for shape in SHAPES:
+            line = against_revision(shape, 1024, args.against, args.repetitions)
+            print(f"\n{shape}, 1024 tokens, step / standard's: {line}")
     if args.in_step:
         for shape in SHAPES:
             table = passes_in_step(shape, 1024, args.repetitions)
