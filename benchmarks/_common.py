@@ -4,7 +4,7 @@ import platform
 import statistics
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import date
 
 import torch
@@ -97,15 +97,19 @@ def move_scales_off_one(model: torch.nn.Module) -> None:
                 model.get_parameter(name).uniform_(0.5, 1.5)
 
 
-def training_step(model: torch.nn.Module, vocab_size: int, batch: int, seq: int) -> Callable[[], None]:
-    """One forward + backward + fused AdamW step (what `adamw_torch_fused` builds) on fixed random tokens."""
+def training_step(
+    model: torch.nn.Module, vocab_size: int, batch: int, seq: int, optimized: Iterable[torch.Tensor] | None = None
+) -> Callable[[], None]:
+    """One forward + backward + fused AdamW step (what `adamw_torch_fused` builds) on fixed random tokens, of the
+    `optimized` parameters (all by default)."""
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # the Trainer's default
+    optimized = model.parameters() if optimized is None else optimized
+    optimizer = torch.optim.AdamW(optimized, lr=1e-4, fused=True)  # the Trainer's default
     ids = torch.randint(0, vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
 
     def step() -> None:
         model(ids, labels=ids).loss.backward()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
 
     return step

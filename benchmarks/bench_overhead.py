@@ -29,6 +29,7 @@ revision beside the current one, in the same process.
 """
 
 import argparse
+import contextlib
 import ctypes
 import importlib.util
 import os
@@ -171,11 +172,56 @@ def profile_table(shape: str, tokens: int) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def replaced(**functions):
+    """modeling's functions of these names replaced for the duration (timing only)."""
+    saved = {name: getattr(modeling, name) for name in functions}
+    for name, function in functions.items():
+        setattr(modeling, name, function)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(modeling, name, function)
+
+
+def _no_scale_grads(grad, weight, in_scale, out_scale):
+    return grad, *(None if scale is None else torch.zeros_like(scale) for scale in (in_scale, out_scale))
+
+
+def _variant(
+    shape: str,
+    tokens: int,
+    preset: str,
+    kernels: bool = False,
+    optimize_scales: bool = True,
+    fixed_vectors: bool = False,
+    **functions,
+):
+    """The training step with `functions` replaced in modeling, the CPU kernels on or off, the scale parameters in
+    AdamW or left out of it, and the magnitude-direction vectors formed each step or fixed (formed once, detached)."""
+    model = build(shape, preset)
+    scales = {name for names in model.scale_vector_roles().values() for name in names}
+    optimized = [p for name, p in model.named_parameters() if optimize_scales or name not in scales]
+    if fixed_vectors:
+        magdir = [module for module in model.modules() if getattr(module, "scale_param", None) == "magdir"]
+        fixed = {scale: scale.vector().detach() for scale in magdir}
+        functions["_formed_scale_vectors"] = lambda _: fixed
+    step = common_training_step(model, model.config.vocab_size, max(tokens // SEQ, 1), min(tokens, SEQ), optimized)
+
+    def run():
+        with replaced(**functions), mock.patch.dict(os.environ, {"SCALEVEC_CPU_KERNELS": "1" if kernels else "0"}):
+            step()
+
+    return run
+
+
 def without_passes(shape: str, tokens: int, repetitions: int) -> str:
     """Where unified's overhead goes: its eager training step with one group of weight-sized passes replaced by a
     no-op (wrong numbers, timing only) — the fold in forward, the refold in backward, the scale gradients, or all
-    three — and with all of them made by the fused CPU kernels instead (where they build)."""
-    fold, scale_grads = modeling._effective_weight, modeling._scale_grads
+    three — and with all of them made by the fused CPU kernels instead (where they build). Then what is left with
+    none of them: the scale parameters left out of AdamW, and the vectors fixed (neither formed nor optimized)."""
+    fold = modeling._effective_weight
 
     def fold_except_in(skipped: str):
         def folding(weight, in_scale, out_scale, dtype):
@@ -184,34 +230,20 @@ def without_passes(shape: str, tokens: int, repetitions: int) -> str:
 
         return folding
 
-    def no_scale_grads(grad, weight, in_scale, out_scale):
-        return grad, *(None if scale is None else torch.zeros_like(scale) for scale in (in_scale, out_scale))
-
-    def variant(preset: str, new_fold=fold, new_scale_grads=scale_grads, kernels: bool = False):
-        """The step with the given passes, the CPU kernels on or off whatever `--cpu-kernels` set."""
-        step = preset_step(shape, tokens, preset)
-
-        def run():
-            modeling._effective_weight, modeling._scale_grads = new_fold, new_scale_grads
-            try:
-                with mock.patch.dict(os.environ, {"SCALEVEC_CPU_KERNELS": "1" if kernels else "0"}):
-                    step()
-            finally:
-                modeling._effective_weight, modeling._scale_grads = fold, scale_grads
-
-        return run
-
-    steps = {
-        "standard": variant("standard"),
-        "unified": variant("unified"),
-        "no fold in forward": variant("unified", fold_except_in("forward")),
-        "no refold in backward": variant("unified", fold_except_in("backward")),
-        "no scale-gradient passes": variant("unified", new_scale_grads=no_scale_grads),
-        "none of them": variant("unified", lambda weight, *_: weight, no_scale_grads),
+    no_passes = dict(_effective_weight=lambda weight, *_: weight, _scale_grads=_no_scale_grads)
+    variants = {
+        "standard": _variant(shape, tokens, "standard"),
+        "unified": _variant(shape, tokens, "unified"),
+        "no fold in forward": _variant(shape, tokens, "unified", _effective_weight=fold_except_in("forward")),
+        "no refold in backward": _variant(shape, tokens, "unified", _effective_weight=fold_except_in("backward")),
+        "no scale-gradient passes": _variant(shape, tokens, "unified", _scale_grads=_no_scale_grads),
+        "none of them": _variant(shape, tokens, "unified", **no_passes),
+        "none, scales not in AdamW": _variant(shape, tokens, "unified", optimize_scales=False, **no_passes),
+        "none, vectors fixed": _variant(shape, tokens, "unified", fixed_vectors=True, **no_passes),
     }
     if cpu_kernels.load() is not None:
-        steps["the passes by the fused CPU kernels"] = variant("unified", kernels=True)
-    times = interleaved_medians(steps, repetitions)
+        variants["the passes by the fused CPU kernels"] = _variant(shape, tokens, "unified", kernels=True)
+    times = interleaved_medians(variants, repetitions)
     return " / ".join(f"{name} {seconds / times['standard']:.3f}" for name, seconds in times.items())
 
 
@@ -221,7 +253,7 @@ def passes_in_step(shape: str, tokens: int, repetitions: int) -> str:
     (where they build), in alternate steps. In a step the weights come cold from L3 after the matmuls, so these
     differ from the passes timed alone."""
     fold, refold_and_grads = modeling._effective_weight, modeling._refold_and_scale_grads
-    variants = {"eager": "0", "CPU kernels": "1"} if cpu_kernels.load() is not None else {"eager": "0"}
+    variants = {"eager": False, "CPU kernels": True} if cpu_kernels.load() is not None else {"eager": False}
     times = {name: defaultdict(list) for name in variants}
 
     def timed(part: str, function, name: str):
@@ -236,21 +268,12 @@ def passes_in_step(shape: str, tokens: int, repetitions: int) -> str:
 
         return run
 
-    def variant(name: str, flag: str):
-        step = preset_step(shape, tokens, "unified")
+    def variant(name: str, kernels: bool):
+        timed_passes = dict(_effective_weight=timed("fold", fold, name))
+        timed_passes["_refold_and_scale_grads"] = timed("backward", refold_and_grads, name)
+        return _variant(shape, tokens, "unified", kernels=kernels, **timed_passes)
 
-        def run():
-            modeling._effective_weight = timed("fold", fold, name)
-            modeling._refold_and_scale_grads = timed("backward", refold_and_grads, name)
-            try:
-                with mock.patch.dict(os.environ, {"SCALEVEC_CPU_KERNELS": flag}):
-                    step()
-            finally:
-                modeling._effective_weight, modeling._refold_and_scale_grads = fold, refold_and_grads
-
-        return run
-
-    interleaved_times({name: variant(name, flag) for name, flag in variants.items()}, repetitions)
+    interleaved_times({name: variant(name, kernels) for name, kernels in variants.items()}, repetitions)
     per_step = {
         name: {key: statistics.median(calls) * len(calls) / (repetitions + 2) for key, calls in by_key.items()}
         for name, by_key in times.items()
