@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from unittest import mock
 
 import torch
@@ -62,9 +63,13 @@ def build(shape: str, preset: str, **overrides) -> ScaleVecForCausalLM:
     return ScaleVecForCausalLM(config)
 
 
+def model_step(model: torch.nn.Module, tokens: int, optimized: Iterable[torch.Tensor] | None = None):
+    """A training step of `model` on `tokens` tokens: sequences of SEQ tokens, or one shorter sequence."""
+    return common_training_step(model, model.config.vocab_size, max(tokens // SEQ, 1), min(tokens, SEQ), optimized)
+
+
 def preset_step(shape: str, tokens: int, preset: str, **overrides):
-    model = build(shape, preset, **overrides)
-    return common_training_step(model, model.config.vocab_size, max(tokens // SEQ, 1), min(tokens, SEQ))
+    return model_step(build(shape, preset, **overrides), tokens)
 
 
 def training_steps(shape: str, tokens: int, **overrides) -> dict:
@@ -207,7 +212,7 @@ def _variant(
         magdir = [module for module in model.modules() if getattr(module, "scale_param", None) == "magdir"]
         fixed = {scale: scale.vector().detach() for scale in magdir}
         functions["_formed_scale_vectors"] = lambda _: fixed
-    step = common_training_step(model, model.config.vocab_size, max(tokens // SEQ, 1), min(tokens, SEQ), optimized)
+    step = model_step(model, tokens, optimized)
 
     def run():
         with replaced(**functions), mock.patch.dict(os.environ, {"SCALEVEC_CPU_KERNELS": "1" if kernels else "0"}):
@@ -308,7 +313,7 @@ def against_revision(shape: str, tokens: int, revision: str, repetitions: int) -
     steps = training_steps(shape, tokens)
     torch.manual_seed(0)
     model = previous.ScaleVecForCausalLM(build(shape, "unified").config)
-    steps[f"unified at {revision}"] = common_training_step(model, model.config.vocab_size, max(tokens // SEQ, 1), SEQ)
+    steps[f"unified at {revision}"] = model_step(model, tokens)
     times = interleaved_medians(steps, repetitions)
     return " / ".join(f"{name} {seconds / times['standard']:.3f}" for name, seconds in times.items())
 
@@ -316,17 +321,17 @@ def against_revision(shape: str, tokens: int, revision: str, repetitions: int) -
 def receiving_experts(repetitions: int) -> str:
     """Training steps of 16 tokens on a 64-expert top-2 MoE (at most 32 experts receive tokens): folding only the
     receiving experts against folding all of them, unified."""
-    steps, original = {}, modeling._receiving_experts
-    for name, select in (("all experts", lambda group_sizes: (None, group_sizes)), ("receiving only", original)):
+    steps = {}
+    every_expert = dict(_receiving_experts=lambda group_sizes: (None, group_sizes))
+    for name, functions in (("all experts", every_expert), ("receiving only", {})):
         step = preset_step("moe", 16, "unified", num_experts=64)
 
-        def timed(step=step, select=select):
-            modeling._receiving_experts = select
-            step()
+        def timed(step=step, functions=functions):
+            with replaced(**functions):
+                step()
 
         steps[name] = timed
     times = interleaved_medians(steps, repetitions)
-    modeling._receiving_experts = original
     return " / ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in times.items())
 
 
