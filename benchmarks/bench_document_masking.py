@@ -6,7 +6,6 @@ presets (unified), in one run with interleaved repetitions and medians.
 """
 
 import argparse
-import statistics
 import sys
 from collections.abc import Callable
 
@@ -15,8 +14,7 @@ from _common import interleaved_medians, machine, today
 from transformers.masking_utils import create_causal_mask
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM
-from scalevec.train.corpus import default_tokenizer
-from scalevec.train.data import DataArguments, build_datasets, language_modeling_collator
+from scalevec.data import DataArguments, PackedBlockCollator, build_training_data, default_tokenizer
 from scalevec.train.presets import MODEL_SIZES
 
 # (preset, attention implementation)
@@ -30,14 +28,14 @@ def build_model(preset: str, attention: str, vocab_size: int) -> ScaleVecForCaus
 
 
 def packed_blocks(tokenizer, seq_len: int, count: int) -> list[dict]:
-    """The first `count` training blocks of the embedded corpus, with their document-restarting positions."""
+    """The first `count` training blocks of the embedded corpus."""
     arguments = DataArguments(seq_len=seq_len, eval_every=0, max_documents=2000, document_masking=True)
-    return build_datasets(arguments, tokenizer, seed=0).train.select(range(count)).to_list()
+    train = build_training_data(arguments, tokenizer, seed=0, progress=False).train
+    return [train[index] for index in range(count)]
 
 
-def batch_for(blocks: list[dict], tokenizer, model: ScaleVecForCausalLM, document_masking: bool) -> dict:
-    collate = language_modeling_collator(tokenizer, document_masking, model.config)
-    return collate(blocks if document_masking else [{"input_ids": block["input_ids"]} for block in blocks])
+def batch_for(blocks: list[dict], tokenizer, document_masking: bool) -> dict:
+    return PackedBlockCollator(tokenizer.eos_token_id, document_masking)(blocks)
 
 
 def training_step(model: ScaleVecForCausalLM, batch: dict) -> Callable[[], None]:
@@ -55,7 +53,7 @@ def training_step(model: ScaleVecForCausalLM, batch: dict) -> Callable[[], None]
 
 def mask_step(model: ScaleVecForCausalLM, batch: dict) -> Callable[[], None]:
     """What the model's forward does once per step before its layers: build the attention mask (plain packing
-    passes an all-ones mask and default positions; document masking, restarting positions and no mask)."""
+    passes default positions; document masking, restarting positions; neither passes a mask)."""
     embeds = model.get_input_embeddings()(batch["input_ids"]).detach()
     positions = batch.get("position_ids", torch.arange(embeds.shape[1])[None])
     mask = batch.get("attention_mask")
@@ -66,8 +64,9 @@ def mask_step(model: ScaleVecForCausalLM, batch: dict) -> Callable[[], None]:
     return step
 
 
-def documents_per_block(blocks: list[dict]) -> float:
-    return statistics.mean(block["position_ids"].count(0) for block in blocks)
+def documents_per_block(blocks: list[dict], eos_token_id: int) -> float:
+    positions = PackedBlockCollator(eos_token_id, document_masking=True)(blocks)["position_ids"]
+    return (positions == 0).sum(dim=1).float().mean().item()
 
 
 def table(seq_lens: list[int], batch: int, repetitions: int) -> list[str]:
@@ -79,17 +78,18 @@ def table(seq_lens: list[int], batch: int, repetitions: int) -> list[str]:
     ]
     for seq_len in seq_lens:
         blocks = packed_blocks(tokenizer, seq_len, batch)
+        documents = documents_per_block(blocks, tokenizer.eos_token_id)
         for preset, attention in MODELS:
             steps, masks = {}, {}
             for masked in (False, True):
                 model = build_model(preset, attention, len(tokenizer))
-                batch_of_mode = batch_for(blocks, tokenizer, model, masked)
+                batch_of_mode = batch_for(blocks, tokenizer, masked)
                 steps[masked] = training_step(model, batch_of_mode)
                 masks[masked] = mask_step(model, batch_of_mode)
             times = interleaved_medians(steps, repetitions)
             mask_times = interleaved_medians(masks, repetitions)
             rows.append(
-                f"| {preset} | {attention} | {batch} × {seq_len} | {documents_per_block(blocks):.2f} | "
+                f"| {preset} | {attention} | {batch} × {seq_len} | {documents:.2f} | "
                 f"{times[False]:.3f} | {times[True]:.3f} | {times[True] / times[False]:.3f} | "
                 f"{mask_times[False] * 1e3:.1f} | {mask_times[True] * 1e3:.1f} |"
             )

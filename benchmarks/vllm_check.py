@@ -86,7 +86,7 @@ def save_folders(root: Path) -> dict[str, dict]:
 
     from scalevec import ScaleVecConfig, ScaleVecForCausalLM
     from scalevec.convert import export_checkpoint, fold_checkpoint
-    from scalevec.train.corpus import train_tokenizer
+    from scalevec.data.corpus import train_tokenizer
 
     tokenizer = train_tokenizer(PROMPTS * 20 + ["def sum(a, b): return a + b"] * 20, DIMS["vocab_size"])
     references = {}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 RUN_PICTURE = "scale_vectors.png"  # the loss / scale-statistics figure `scalevec-train` writes into its output folder
 TRAINER_STATE = "trainer_state.json"
+TRAINING_DATA = "training_data.json"  # what `scalevec-train` trained on: sources, sizes, mixture weights
 # Eval keys that describe the evaluation run rather than the model.
 EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
 
@@ -22,6 +23,7 @@ class RunRecords:
     state: dict | None = None  # trainer_state.json
     eval_metrics: dict[str, float] = field(default_factory=dict)  # final "eval_*" values
     training_args: dict | None = None  # training_args.json
+    training_data: dict | None = None  # training_data.json: the sources trained on, their sizes and weights
     sources: list[str] = field(default_factory=list)  # the files read, relative to the run folder
 
     @property
@@ -31,8 +33,8 @@ class RunRecords:
 
 def read_run_records(run_dir: str | Path) -> RunRecords:
     """Read what a Trainer run folder recorded: `trainer_state.json` (the run's or its latest checkpoint's),
-    the final eval metrics (`eval_results.json`, `all_results.json`, else the last eval in the log history)
-    and `training_args.json`."""
+    the final eval metrics (`eval_results.json`, `all_results.json`, else the last eval in the log history),
+    `training_args.json` and `training_data.json`."""
     run_dir = Path(run_dir)
     records = RunRecords()
     state_file = _trainer_state_file(run_dir)
@@ -51,6 +53,9 @@ def read_run_records(run_dir: str | Path) -> RunRecords:
     if (arguments := read_json(run_dir / "training_args.json")) is not None:
         records.training_args = arguments
         records.sources.append("training_args.json")
+    if (data := read_json(run_dir / TRAINING_DATA)) is not None:
+        records.training_data = data
+        records.sources.append(TRAINING_DATA)
     return records
 
 

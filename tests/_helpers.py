@@ -216,14 +216,65 @@ TINY_TRAIN_OVERRIDES = (
 )
 
 
-def train_argv(output_dir: Path, *extra: str, steps: int = 6) -> list[str]:
+def train_argv(output_dir: Path, *extra: str, steps: int = 6, max_documents: int | None = 300) -> list[str]:
     """`scalevec-train` flags for a run of a few seconds on the embedded corpus; `extra` flags override these."""
+    documents = ("--max-documents", str(max_documents)) if max_documents else ()
     return [
-        *("--model-size", "tiny", "--config-overrides", TINY_TRAIN_OVERRIDES, "--seq-len", "32"),
-        *("--max-documents", "300", "--max-eval-documents", "4", "--per-device-train-batch-size", "4"),
+        *("--model-size", "tiny", "--config-overrides", TINY_TRAIN_OVERRIDES, "--seq-len", "32", *documents),
+        *("--max-eval-documents", "4", "--per-device-train-batch-size", "4"),
         *("--max-steps", str(steps), "--logging-steps", "1", "--save-strategy", "no", "--report-to", "none"),
         *("--disable-tqdm", "true", "--output-dir", str(output_dir), *extra),
     ]
+
+
+def corpus_texts(count: int = 60, seed: int = 7) -> list[str]:
+    """Distinct one-line documents of varying lengths (a text file holds one document per line)."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["scale", "vector", "norm", "matrix", "decay", "expert", "router", "token", "block", "shard"]
+    return [f"document {i}: " + " ".join(rng.choice(words) for _ in range(rng.randrange(3, 40))) for i in range(count)]
+
+
+def write_dataset(folder: Path, kind: str, texts: list[str], column: str = "text") -> Path:
+    """`texts` as a txt, jsonl, json (one array), parquet or jsonl.gz file in `folder`, or as a folder of two
+    jsonl files (read in sorted order); returns the path to pass as `--dataset`."""
+    import gzip
+    import json
+
+    import datasets
+
+    folder.mkdir(parents=True, exist_ok=True)
+    records = [{column: text, "id": i} for i, text in enumerate(texts)]
+    lines = "".join(json.dumps(record) + "\n" for record in records)
+    if kind == "txt":
+        path = folder / "docs.txt"
+        path.write_text("".join(t + "\n" for t in texts))
+    elif kind == "jsonl":
+        path = folder / "docs.jsonl"
+        path.write_text(lines)
+    elif kind == "json":
+        path = folder / "docs.json"
+        path.write_text(json.dumps(records, indent=1))
+    elif kind == "jsonl.gz":
+        path = folder / "docs.jsonl.gz"
+        path.write_bytes(gzip.compress(lines.encode()))
+    elif kind == "parquet":
+        path = folder / "docs.parquet"
+        datasets.Dataset.from_list(records).to_parquet(str(path), batch_size=16)
+    else:  # a folder of two jsonl files, read in sorted order
+        half = len(texts) // 2
+        write_dataset(folder / "b", "jsonl", texts[half:], column)
+        write_dataset(folder / "a", "jsonl", texts[:half], column)
+        return folder
+    return path
+
+
+def packed(tokenizer, texts: list[str], seq_len: int) -> list[list[int]]:
+    """The blocks that packing `texts` gives: the non-empty ones, each followed by EOS, cut into whole blocks."""
+    ids = tokenizer([text for text in texts if text], add_special_tokens=False)["input_ids"]
+    stream = [token for document in ids for token in [*document, tokenizer.eos_token_id]]
+    return [stream[i : i + seq_len] for i in range(0, len(stream) - seq_len + 1, seq_len)]
 
 
 def log_history(output_dir: Path) -> list[dict]:

@@ -1,42 +1,49 @@
-"""Document masking (`scalevec-train --document-masking`): packed blocks carry position ids that restart at every
-document, and the model then gives every document the logits it gets alone."""
+"""Document masking (`scalevec-train --document-masking`): the collator gives packed blocks position ids that
+restart after every end-of-text token, and the model then gives every document the logits it gets alone."""
 
-import dataclasses
+import random
 
 import pytest
 import torch
-from transformers import DataCollatorForLanguageModeling
 from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 
 from scalevec import ScaleVecForCausalLM
-from scalevec.train import DataArguments, build_datasets, default_tokenizer, pack
+from scalevec.data import DataArguments, PackedBlockCollator, build_training_data, default_tokenizer
 from scalevec.train.cli import main
-from scalevec.train.data import DocumentMaskingCollator, pack_with_positions
 
-from ._helpers import log_history, logged_losses, logits, randomize_scales, tiny_config, tiny_moe_config, train_argv
-from .test_train_data import corpus_texts, random_documents, write_dataset
+from ._helpers import (
+    corpus_texts,
+    log_history,
+    logged_losses,
+    logits,
+    randomize_scales,
+    tiny_config,
+    tiny_moe_config,
+    train_argv,
+    write_dataset,
+)
 
 EOS = 0
 
 
-def test_positions_restart_at_every_document_and_every_block():
-    documents = [[1, 2, 3], [4], [5, 6, 7, 8, 9], []]
-    packed = list(pack_with_positions(documents, 4, EOS))
-    assert packed == [
-        ([1, 2, 3, EOS], [0, 1, 2, 3]),
-        ([4, EOS, 5, 6], [0, 1, 0, 1]),
-        ([7, 8, 9, EOS], [0, 1, 2, 3]),  # the rest of a document begun in the block before
-    ]
-    assert [block for block, _ in packed] == list(pack(documents, 4, EOS))
+def test_positions_restart_after_every_end_of_text_and_every_row():
+    blocks = [[1, 2, 3, EOS], [4, EOS, 5, 6], [7, 8, 9, EOS]]
+    batch = PackedBlockCollator(EOS, document_masking=True)([{"input_ids": block} for block in blocks])
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 0, 1], [0, 1, 2, 3]]
+    assert torch.equal(batch["labels"], batch["input_ids"]) and batch["input_ids"].dtype == torch.int64
+    assert set(PackedBlockCollator(EOS)([{"input_ids": block} for block in blocks])) == {"input_ids", "labels"}
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_positions_count_from_each_document_start(seed):
-    documents = random_documents(40, seed, longest=30)
-    for block, positions in pack_with_positions(documents, 16, EOS):
-        for i, position in enumerate(positions):
+    rng = random.Random(seed)
+    stream = [token for _ in range(40) for token in [*(rng.randrange(1, 500) for _ in range(rng.randrange(30))), EOS]]
+    blocks = [stream[i : i + 16] for i in range(0, len(stream) - 15, 16)]
+    positions = PackedBlockCollator(EOS, document_masking=True)([{"input_ids": b} for b in blocks])["position_ids"]
+    for block, row in zip(blocks, positions.tolist()):
+        for i, position in enumerate(row):
             starts_document = i == 0 or block[i - 1] == EOS  # no random document holds token 0
-            assert position == (0 if starts_document else positions[i - 1] + 1), (block, positions)
+            assert position == (0 if starts_document else row[i - 1] + 1), (block, row)
 
 
 @pytest.fixture(scope="module")
@@ -45,24 +52,14 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def short_documents(tmp_path_factory) -> DataArguments:
-    """--document-masking on documents much shorter than --seq-len: several to a block, some cut by its end."""
-    texts = [text[:40] for text in corpus_texts(40)]
-    path = write_dataset(tmp_path_factory.mktemp("documents"), "jsonl", texts)
-    return DataArguments(dataset=str(path), seq_len=32, eval_every=0, document_masking=True)
-
-
-@pytest.fixture(scope="module")
-def packed_blocks(tokenizer, short_documents):
-    """The first blocks of the data pipeline, as the collator receives them."""
-    return build_datasets(short_documents, tokenizer, seed=0).train.select(range(4)).to_list()
-
-
-def test_streamed_blocks_carry_the_same_positions(tokenizer, short_documents):
-    in_memory = build_datasets(short_documents, tokenizer, seed=0).train.to_list()
-    streaming = dataclasses.replace(short_documents, streaming=True, shuffle_buffer=1)  # a buffer of one keeps order
-    streamed = [dict(row) for row in build_datasets(streaming, tokenizer, seed=0).train]
-    assert streamed == in_memory and all(set(row) == {"input_ids", "position_ids"} for row in streamed)
+def packed_blocks(tokenizer, tmp_path_factory) -> list[dict]:
+    """The first blocks of documents much shorter than --seq-len (several to a block, some cut by its end), as
+    the data pipeline hands them to the collator."""
+    folder = tmp_path_factory.mktemp("documents")
+    path = write_dataset(folder, "jsonl", [text[:40] for text in corpus_texts(40)])
+    arguments = DataArguments(dataset=str(path), seq_len=32, eval_every=0, prepared_cache=str(folder / "cache"))
+    train = build_training_data(arguments, tokenizer, seed=0, progress=False).train
+    return [train[i] for i in range(4)]
 
 
 def documents_in(position_ids: torch.Tensor) -> list[slice]:
@@ -86,29 +83,28 @@ def tiny_model(tokenizer, moe: bool, attention: str) -> ScaleVecForCausalLM:
 )
 def test_each_document_gets_the_logits_it_gets_alone(packed_blocks, tokenizer, moe, attention, flatten):
     model = tiny_model(tokenizer, moe, attention)
-    batch = DocumentMaskingCollator(flatten=flatten)(packed_blocks)
+    batch = PackedBlockCollator(tokenizer.eos_token_id, document_masking=True, flatten=flatten)(packed_blocks)
     assert "attention_mask" not in batch
     # The Trainer runs with use_cache=False: with a cache, transformers ignores packed position ids.
     masked = logits(model, batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
     masked = masked.reshape(len(packed_blocks), 32, -1)
-    ids = torch.tensor([block["input_ids"] for block in packed_blocks])
-    position_ids = torch.tensor([block["position_ids"] for block in packed_blocks])
+    rows = PackedBlockCollator(tokenizer.eos_token_id, document_masking=True)(packed_blocks)
+    ids, position_ids = rows["input_ids"], rows["position_ids"]
     spans = [(row, span) for row in range(len(ids)) for span in documents_in(position_ids[row])]
     assert len(spans) >= 2 * len(ids)  # several documents to a block
     for row, span in spans:
         alone = logits(model, ids[row : row + 1, span])[0]
         torch.testing.assert_close(masked[row, span], alone, rtol=0, atol=1e-5)
     # Plain packing lets attention cross documents: every document after a block's first one is changed.
-    plain = DataCollatorForLanguageModeling(tokenizer, mlm=False)([{"input_ids": b} for b in ids.tolist()])
-    crossing = logits(model, plain["input_ids"], attention_mask=plain["attention_mask"])
+    crossing = logits(model, PackedBlockCollator(tokenizer.eos_token_id)(packed_blocks)["input_ids"])
     for row, span in spans:
         assert torch.allclose(crossing[row, span], masked[row, span], atol=1e-5) == (span.start == 0)
 
 
 def test_flattened_blocks_train_exactly_as_rows_and_split_into_documents_for_flash_attention(packed_blocks, tokenizer):
     model = tiny_model(tokenizer, moe=False, attention="sdpa")
-    rows = DocumentMaskingCollator()(packed_blocks)
-    flattened = DocumentMaskingCollator(flatten=True)(packed_blocks)
+    rows = PackedBlockCollator(tokenizer.eos_token_id, document_masking=True)(packed_blocks)
+    flattened = PackedBlockCollator(tokenizer.eos_token_id, document_masking=True, flatten=True)(packed_blocks)
     assert flattened["input_ids"].shape == (1, 32 * len(packed_blocks))
     # the sequences that flash attention's varlen kernel is given: one per document of every block
     (starts, _), _ = prepare_fa_kwargs_from_position_ids(flattened["position_ids"])
@@ -125,13 +121,13 @@ def test_flattened_blocks_train_exactly_as_rows_and_split_into_documents_for_fla
 
 def test_scalevec_train_with_document_masking_trains_and_evaluates(tmp_path, monkeypatch):
     batches = []
-    collate = DocumentMaskingCollator.__call__
+    collate = PackedBlockCollator.__call__
 
     def recording(self, blocks):
         batches.append(collate(self, blocks))
         return batches[-1]
 
-    monkeypatch.setattr(DocumentMaskingCollator, "__call__", recording)
+    monkeypatch.setattr(PackedBlockCollator, "__call__", recording)
     output = tmp_path / "masked"
     flags = ("--document-masking", "true", "--learning-rate", "3e-3", "--eval-strategy", "steps", "--eval-steps", "4")
     assert main(train_argv(output, *flags, steps=8)) == 0

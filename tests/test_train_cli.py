@@ -134,7 +134,7 @@ BAD_INPUTS = {
     "unknown size": (["--model-size", "huge"], "--model-size must be one of tiny, tiny-moe"),
     "unknown preset": (["--scale-preset", "bogus"], "`scale_preset` must be one of 'none', 'standard', 'unified'"),
     "seq len": (["--seq-len", "2048"], "--seq-len 2048 exceeds the model's max_position_embeddings (1024)"),
-    "text column": (["--dataset", "{data}/body.jsonl"], "--text-column 'text' is not a column"),
+    "text column": (["--dataset", "{data}/body.jsonl"], "{data}/body.jsonl line 1: no 'text' field (it has"),
     "output dir": ([], "already holds files; pass --resume"),
     "resume without checkpoint": (["--resume", "true"], "--resume: no checkpoint-* folder"),
 }

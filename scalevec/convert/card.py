@@ -80,6 +80,8 @@ def write_model_card(
         summary=_summary(source_config, export_target, head, base_model),
         architecture=_architecture_rows(source_config, folder, export_target, head),
         training=_training_rows(records),
+        data_note=_data_note(records.training_data),
+        data_sources=_data_rows(records.training_data),
         training_sources=", ".join(f"`{source}`" for source in records.sources),
         picture=_place_picture(folder, Path(picture)) if picture is not None else None,
         load_note=load_note,
@@ -237,6 +239,34 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
         value = (records.training_args or {}).get(key)
         if value not in (None, "", {}):
             rows.append((label, _warmup(value, state.get("max_steps")) if key == "warmup_steps" else f"`{value}`"))
+    return rows
+
+
+def _data_note(data: dict | None) -> str | None:
+    if not data:
+        return None
+    how = "streamed from its shards" if data.get("streaming") else "tokenised and packed once"
+    masking = ", attention kept within each document" if data.get("document_masking") else ""
+    note = f"Documents {how} into blocks of {data['seq_len']} tokens, tokenizer {data['tokenizer']}{masking}."
+    held_out = data.get("eval")
+    if held_out:
+        note += f" Evaluation: {held_out['name']}, {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks)."
+    return note
+
+
+def _data_rows(data: dict | None) -> list[tuple[str, str, str, str]]:
+    """(source, documents, tokens, share of the training blocks) of each source a run trained on."""
+    rows = []
+    for source in (data or {}).get("sources", []):
+        if source.get("kind") == "streamed":
+            size = (f"streamed, {source['shards']:,} shards", "")
+            share = f"weight {source['weight']:g}"
+        else:
+            size = (f"{source['documents']:,}", f"{source['tokens']:,}")
+            share = f"{100 * source['share']:.1f} %"
+            if len((data or {}).get("sources", [])) > 1:
+                share += f" ({source['passes']:.2f} passes over it)"
+        rows.append((f"`{source['name']}`", *size, share))
     return rows
 
 

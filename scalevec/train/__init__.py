@@ -1,8 +1,7 @@
 """Pretraining ScaleVec models with the transformers Trainer."""
 
+from ..data import DataArguments, build_training_data, default_corpus_file, default_tokenizer
 from .cli import ModelArguments, TrainResult, train
-from .corpus import default_corpus_file, default_tokenizer
-from .data import DataArguments, build_datasets, pack
 from .optim import DecayConfig, MuonAdamW, parameter_groups
 from .presets import MODEL_SIZES
 from .trainer import NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
@@ -17,10 +16,9 @@ __all__ = [
     "ScaleVecTrainer",
     "ScaleVecTrainingArguments",
     "TrainResult",
-    "build_datasets",
+    "build_training_data",
     "default_corpus_file",
     "default_tokenizer",
-    "pack",
     "parameter_groups",
     "train",
 ]

@@ -22,9 +22,9 @@ from pathlib import Path
 from ..atomic import write_text_atomically
 from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..convert.meta_model import scale_parameters
+from ..data import DataArguments
 from ..run_records import logged_curve, read_run_records
 from .cli import ModelArguments, TrainResult, parse_arguments, train
-from .data import DataArguments
 from .diagnostics import save_figure
 from .trainer import NonFiniteLossError, ScaleVecTrainingArguments
 

@@ -6,6 +6,8 @@ scalevec-train ... --output-dir runs/tiny --resume  # after a kill: the same com
 torchrun --nproc_per_node 2 -m scalevec.train.cli ...
 """
 
+import argparse
+import difflib
 import json
 import os
 import shutil
@@ -13,9 +15,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import AutoTokenizer, HfArgumentParser, TrainerState
+from transformers import HfArgumentParser, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import enable_full_determinism, set_seed
+from transformers.utils.generic import is_flash_attention_requested
 
 from ..atomic import (
     describe_os_error,
@@ -26,10 +29,9 @@ from ..atomic import (
     writes_into,
 )
 from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
+from ..data import DataArguments, PackedBlockCollator, build_training_data, check_vocabulary, load_tokenizer
 from ..modeling_scalevec import ScaleVecForCausalLM
-from ..run_records import RUN_PICTURE
-from .corpus import default_tokenizer
-from .data import DataArguments, build_datasets, language_modeling_collator
+from ..run_records import RUN_PICTURE, TRAINING_DATA
 from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES
 from .resume import (
@@ -39,6 +41,7 @@ from .resume import (
     finished_step,
     remove_leftovers,
 )
+from .run_lock import LOCK_NAME, holding_output_dir
 from .trainer import STAGING_SUFFIX, NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
 
 
@@ -89,12 +92,22 @@ def build_model_config(args: ModelArguments, tokenizer) -> ScaleVecConfig:
     for name in (*SCALE_FIELDS, "qk_norm"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
-    fields.update(json.loads(args.config_overrides or "{}"))
+    fields.update(_config_overrides(args.config_overrides))
     return ScaleVecConfig(**fields)
 
 
+def _config_overrides(text: str | None) -> dict:
+    try:
+        overrides = json.loads(text or "{}")
+    except ValueError as error:
+        raise ValueError(f"--config-overrides {text!r}: not JSON ({error})") from None
+    if not isinstance(overrides, dict):
+        raise ValueError(f"--config-overrides {text!r}: must be a JSON object of ScaleVecConfig fields")
+    return overrides
+
+
 def _check_output_dir(output_dir: Path, resuming: bool) -> None:
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not resuming:
+    if output_dir.is_dir() and any(p.name != LOCK_NAME for p in output_dir.iterdir()) and not resuming:
         raise ValueError(
             f"--output-dir {output_dir} already holds files; pass --resume to continue that run, or choose another "
             "folder (nothing is overwritten)"
@@ -109,8 +122,9 @@ def train(
 ):
     """Build tokenizer, model and data, train, evaluate on the held-out split, save; returns a `TrainResult`.
     With `lora_args`, an adapter trains and is what the run saves. A failure leaves no output folder that this call
-    created and left empty."""
-    with removed_if_left_empty(training_args.output_dir):
+    created and left empty. Another run on the same output folder is refused while this one lives."""
+    output_dir = Path(training_args.output_dir)
+    with removed_if_left_empty(output_dir), holding_output_dir(output_dir, training_args.process_index == 0):
         return _train(model_args, data_args, training_args, lora_args or LoraArguments())
 
 
@@ -127,7 +141,7 @@ def _train(
         return TrainResult(output_dir, _recorded_metrics(output_dir), _picture(output_dir))
     with training_args.main_process_first(desc="checkpoints"):
         checkpoint = _resume_point(model_args, training_args)
-    tokenizer = AutoTokenizer.from_pretrained(data_args.tokenizer) if data_args.tokenizer else default_tokenizer()
+    tokenizer = load_tokenizer(data_args)
     # Seed before the model is built (the Trainer seeds only later): --seed must fix the initial weights too.
     seed = training_args.seed
     enable_full_determinism(seed) if training_args.full_determinism else set_seed(seed)
@@ -137,31 +151,41 @@ def _train(
     else:
         config = build_model_config(model_args, tokenizer)
         model = ScaleVecForCausalLM._from_config(config, attn_implementation=model_args.attn_implementation)
-    limit = model.config.max_position_embeddings
-    if data_args.seq_len > limit:
-        raise ValueError(f"--seq-len {data_args.seq_len} exceeds the model's max_position_embeddings ({limit})")
+    check_vocabulary(tokenizer, model.config.vocab_size)
+    seq_len, limit = data_args.resolved_seq_len(), model.config.max_position_embeddings
+    if seq_len > limit:
+        raise ValueError(f"--seq-len {seq_len} exceeds the model's max_position_embeddings ({limit})")
     if data_args.document_masking and training_args.use_cache:
         # With a cache, transformers builds a causal mask over the whole block and ignores restarting position ids.
         raise ValueError("--document-masking needs --use-cache false (the default for training)")
+    if data_args.streaming and training_args.max_steps <= 0:
+        raise ValueError("--streaming reads an endless stream: give the run's length with --max-steps")
     if lora_args.enabled:
         model = with_lora(model, lora_args)
     with training_args.main_process_first(desc="dataset"):
-        data = build_datasets(data_args, tokenizer, seed=training_args.seed)
+        rank, world_size = training_args.process_index, training_args.world_size
+        data = build_training_data(data_args, tokenizer, seed, rank, world_size, progress=training_args.should_log)
+    if training_args.should_log:
+        for note in data.notes:
+            print(note, flush=True)
+        for warning in data.warnings:
+            print(f"scalevec-train: warning: {warning}", flush=True)
     if data.eval is None and training_args.eval_strategy != "no":
         raise ValueError("evaluation was asked for but the held-out split is empty (--eval-every 0, or too few data)")
+    flatten = is_flash_attention_requested(model.config)
     trainer = ScaleVecTrainer(
         model=model,
         args=training_args,
         train_dataset=data.train,
         eval_dataset=data.eval,
-        data_collator=language_modeling_collator(tokenizer, data_args.document_masking, model.config),
+        data_collator=PackedBlockCollator(tokenizer.eos_token_id, data_args.document_masking, flatten),
         processing_class=tokenizer,
         bytes_per_token=data.bytes_per_token,
     )
     metrics = _run(trainer, checkpoint)
     if data.eval is not None:
         metrics.update(trainer.evaluate())
-    _save_result(trainer, metrics)
+    _save_result(trainer, metrics, data.record)
     return TrainResult(output_dir, metrics, _picture(output_dir))
 
 
@@ -201,9 +225,10 @@ def _run(trainer: ScaleVecTrainer, checkpoint: CheckpointContent | None) -> dict
     return {}
 
 
-def _save_result(trainer: ScaleVecTrainer, metrics: dict) -> None:
-    """The final model, tokenizer and records. The model's files are written into a staging folder and moved in
-    once all are there, and `trainer_state.json` comes last: a readable one means that the run finished."""
+def _save_result(trainer: ScaleVecTrainer, metrics: dict, data_record: dict) -> None:
+    """The final model, tokenizer and records (with what the run trained on). The model's files are written into a
+    staging folder and moved in once all are there, and `trainer_state.json` comes last: a readable one means that
+    the run finished."""
     output_dir = Path(trainer.args.output_dir)
     staging = output_dir / f".result{STAGING_SUFFIX}"
     main_process = trainer.is_world_process_zero()
@@ -218,6 +243,7 @@ def _save_result(trainer: ScaleVecTrainer, metrics: dict) -> None:
         trainer.save_metrics("all", metrics)
         if main_process:
             write_text_atomically(output_dir / "training_args.json", trainer.args.to_json_string())
+            write_text_atomically(output_dir / TRAINING_DATA, json.dumps(data_record, indent=2) + "\n")
         trainer.save_state()
         if main_process:
             fsync_path(output_dir / TRAINER_STATE_NAME)
@@ -244,21 +270,59 @@ TRAIN_ARGUMENTS = (ModelArguments, DataArguments, ScaleVecTrainingArguments, Lor
 
 
 def parse_arguments(argv: list[str], types: tuple[type, ...] = TRAIN_ARGUMENTS) -> tuple:
-    """The dataclasses `types` from command-line flags, after an optional JSON/YAML file of the same options."""
+    """The dataclasses `types` from command-line flags, after an optional JSON/YAML file of the same options
+    (each checked against the flags' names and types before anything is built)."""
     parser = HfArgumentParser(types)
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
-        path = Path(argv[0])
-        if not path.is_file():
-            raise ValueError(f"config file {path} does not exist")
+        parser.set_defaults(**_options_file(Path(argv[0]), parser))
+        argv = argv[1:]
+    return parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+
+
+def _options_file(path: Path, parser: HfArgumentParser) -> dict:
+    if not path.is_file():
+        raise ValueError(f"options file {path} does not exist")
+    try:
         if path.suffix == ".json":
-            values = json.loads(path.read_text())
+            values = json.loads(path.read_text(encoding="utf-8"))
         else:
             import yaml
 
-            values = yaml.safe_load(path.read_text())
-        parser.set_defaults(**values)
-        argv = argv[1:]
-    return parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+            values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except Exception as error:  # json's ValueError, yaml's YAMLError, a UnicodeDecodeError
+        raise ValueError(f"{path}: not valid {path.suffix[1:].upper()} ({str(error).splitlines()[0]})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of option names to values, got a {type(values).__name__}")
+    actions: dict[str, argparse.Action] = {}
+    for action in parser._actions:  # a boolean flag's `--no_*` twin comes second: keep the flag itself
+        actions.setdefault(action.dest, action)
+    del actions["help"]
+    for key, value in values.items():
+        if key not in actions:
+            close = difflib.get_close_matches(str(key), list(actions), n=1)
+            raise ValueError(f"{path}: unknown option {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        values[key] = _typed_value(path, key, value, actions[key])
+    return values
+
+
+def _typed_value(path: Path, key: str, value, action):
+    """`value` converted as the flag `--key` would convert its text; refused with the file and key if it can't."""
+    if value is None or isinstance(value, dict) or action.type is None:
+        return value
+    items = value if isinstance(value, list) else [value]  # lists as the flag's nargs or its field's type take them
+    converted = []
+    for item in items:
+        try:
+            converted.append(action.type(str(item)))
+        except Exception as error:  # a converter may raise anything: argparse takes its types the same way
+            raise ValueError(f"{path}: {key}: {item!r} is not a valid {_type_name(action.type)} ({error})") from None
+        if action.choices and converted[-1] not in action.choices:
+            raise ValueError(f"{path}: {key}: {item!r} is not one of {list(action.choices)}")
+    return converted if isinstance(value, list) else converted[0]
+
+
+def _type_name(convert) -> str:
+    return getattr(convert, "__name__", "value").replace("string_to_bool", "boolean")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_N
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 
+from .run_lock import LOCK_NAME
 from .trainer import STAGING_SUFFIX
 
 SET_ASIDE_PREFIX = "incomplete-"
@@ -156,7 +157,7 @@ def _holds_only_leftovers(output_dir: Path, checkpoints: list[CheckpointContent]
     if not output_dir.exists():
         return True
     expected = {c.path for c in checkpoints} | {p for pattern in _LEFTOVERS for p in output_dir.glob(pattern)}
-    expected |= set(output_dir.glob(f"{SET_ASIDE_PREFIX}{PREFIX_CHECKPOINT_DIR}-*"))
+    expected |= set(output_dir.glob(f"{SET_ASIDE_PREFIX}{PREFIX_CHECKPOINT_DIR}-*")) | {output_dir / LOCK_NAME}
     return all(path in expected for path in output_dir.iterdir())
 
 

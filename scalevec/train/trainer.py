@@ -1,21 +1,23 @@
 """`ScaleVecTrainer`: the stock Trainer with role-aware weight decay, Muon, held-out LM metrics, a stop on a
-non-finite loss, and atomic checkpoints."""
+non-finite loss, atomic checkpoints, and streamed data that resumes from its saved position."""
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import datasets
 import evaluate
 import numpy as np
 import torch
 from transformers import Trainer, TrainingArguments
 from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, sort_checkpoints
 from transformers.utils import logging
 from transformers.utils.output_capturing import maybe_install_capturing_hooks
 
-from ..atomic import commit_folder, remove_folder, writes_into
+from ..atomic import commit_folder, remove_folder, write_text_atomically, writes_into
 from ..modeling_scalevec import ScaleVecModel
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback
 from .optim import DecayConfig, MuonAdamW, describe_groups, parameter_groups
@@ -25,6 +27,8 @@ METRIC_PATH = Path(__file__).parent / "lm_metrics" / "lm_metrics.py"
 _ADAMW = {"adamw_torch", "adamw_torch_fused"}
 # `checkpoint-N` is written as `.checkpoint-N.staging/checkpoint-N`: hidden from `checkpoint-*` globs until done.
 STAGING_SUFFIX = ".staging"
+# Each rank's position in a streamed dataset, saved in every checkpoint.
+DATA_STATE = "data_state_rank{rank}.json"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -69,6 +73,7 @@ class ScaleVecTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
+        _check_values(self)
         # Under torchrun on a machine without an accelerator, transformers sets up no DDP unless `use_cpu` is on:
         # each process would train alone, all writing the same folder. Use gloo on the CPUs instead.
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available():
@@ -91,6 +96,36 @@ class ScaleVecTrainingArguments(TrainingArguments):
             self.output_scale_weight_decay,
             self.embedding_weight_decay,
         )
+
+
+_AT_LEAST_ONE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+_NOT_NEGATIVE = ("learning_rate", "weight_decay", "max_grad_norm", "dataloader_num_workers", "seed")
+_NOT_NEGATIVE += ("input_scale_weight_decay", "output_scale_weight_decay", "embedding_weight_decay")
+_POSITIVE = ("num_train_epochs", "logging_steps", "save_steps", "eval_steps", "adam_epsilon", "save_total_limit")
+_FRACTIONS = ("adam_beta1", "adam_beta2", "muon_momentum")  # in [0, 1)
+
+
+def _check_values(args: "ScaleVecTrainingArguments") -> None:
+    """Refuse values no run can use, naming the flag (the stock arguments take, say, `--max-steps -5` and train
+    for three epochs)."""
+
+    def refuse(name: str, rule: str) -> None:
+        raise ValueError(f"--{name.replace('_', '-')} must be {rule}; got {getattr(args, name)}")
+
+    if args.max_steps == 0 or args.max_steps < -1:
+        refuse("max_steps", "a positive number of steps, or -1 to train for --num-train-epochs")
+    for name in _AT_LEAST_ONE:
+        if getattr(args, name) < 1:
+            refuse(name, "at least 1")
+    for name in _NOT_NEGATIVE:
+        if (getattr(args, name) or 0) < 0:
+            refuse(name, "at least 0")
+    for name in _POSITIVE:
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            refuse(name, "positive")
+    for name in _FRACTIONS:
+        if not 0 <= getattr(args, name) < 1:
+            refuse(name, "at least 0 and below 1")
 
 
 def token_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -118,6 +153,8 @@ class ScaleVecTrainer(Trainer):
             kwargs["compute_metrics"] = self._lm_metrics
             kwargs["preprocess_logits_for_metrics"] = token_nll
         self._staging_run_dir: Path | None = None  # set while a checkpoint is being written (`_save_checkpoint`)
+        self._stream_loader = None  # the loader of a streamed training dataset (`get_train_dataloader`)
+        self._resumed_from: Path | None = None  # the checkpoint `train` resumes from
         # `--resume-weights-only`: the checkpoint lacks optimizer or scheduler state, and both start afresh.
         self.fresh_optimizer_on_resume = False
         super().__init__(*args, **kwargs)
@@ -128,6 +165,46 @@ class ScaleVecTrainer(Trainer):
             callbacks = self.callback_handler.callbacks
             callbacks.insert(1, ScaleStatsCallback())  # before every logger
             callbacks.insert(len(callbacks) - 1, HideScaleStatsFromConsole())  # after them, before the printer
+
+    def get_train_dataloader(self):
+        """A streamed dataset is already this rank's share: it gets a `StatefulDataLoader` of its own (no
+        accelerate dispatch from rank 0), whose position every checkpoint saves."""
+        if not isinstance(self.train_dataset, datasets.IterableDataset):
+            return super().get_train_dataloader()
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        workers = self.args.dataloader_num_workers
+        self._stream_loader = StatefulDataLoader(
+            self.train_dataset,
+            batch_size=self._train_batch_size,
+            collate_fn=self.data_collator,
+            num_workers=workers,
+            pin_memory=self.args.dataloader_pin_memory,
+            prefetch_factor=self.args.dataloader_prefetch_factor if workers else None,
+            persistent_workers=self.args.dataloader_persistent_workers and workers > 0,
+        )
+        return self._stream_loader
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        self._resumed_from = Path(resume_from_checkpoint) if resume_from_checkpoint else None
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def get_resumed_dataloader(self, dataloader, num_batches: int):
+        """The stream continues from the position saved with the checkpoint, instead of reading (and
+        tokenising) everything consumed before it again."""
+        if dataloader is not self._stream_loader:
+            return super().get_resumed_dataloader(dataloader, num_batches)
+        saved = sorted(self._resumed_from.glob(DATA_STATE.format(rank="*")))
+        if len(saved) != self.args.world_size:
+            raise ValueError(
+                f"{self._resumed_from} holds the stream positions of {len(saved)} processes; this run has "
+                f"{self.args.world_size}. Resume a streamed run on as many processes as it was saved with"
+            )
+        state = self._resumed_from / DATA_STATE.format(rank=self.args.process_index)
+        dataloader.load_state_dict(json.loads(state.read_text()))
+        return dataloader
 
     def _lm_metrics(self, prediction) -> dict[str, float]:
         nll, labels = np.asarray(prediction.predictions), np.asarray(prediction.label_ids)[:, 1:]
@@ -199,6 +276,9 @@ class ScaleVecTrainer(Trainer):
             with writes_into(staging_run_dir, named=run_dir / name):
                 super()._save_checkpoint(model, trial)
                 self._record_final_path(staging_run_dir / name, run_dir / name)
+                if self._stream_loader is not None:
+                    position = staging_run_dir / name / DATA_STATE.format(rank=self.args.process_index)
+                    write_text_atomically(position, json.dumps(self._stream_loader.state_dict()))
         except BaseException:
             shutil.rmtree(staging_run_dir, ignore_errors=True)
             raise

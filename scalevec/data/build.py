@@ -1,0 +1,364 @@
+"""`--dataset` and friends: from what a user names to the datasets the Trainer reads.
+
+Each `--dataset` entry is a prepared folder (used as it is), or raw data (files, folders, a Hub dataset id) that is
+prepared once into a cache folder keyed by the files, the tokenizer and the options, and reused on every later
+start; with `--streaming`, raw data is streamed instead. Several entries make a mixture (`--dataset-weights`).
+"""
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import datasets
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from .corpus import cache_dir, default_corpus_file, default_tokenizer
+from .mixture import WeightedMixture
+from .prepared import (
+    TOKENIZER_FOLDER,
+    PreparedBlocks,
+    PreparedMetadata,
+    PrepareOptions,
+    is_prepared,
+    load_held_out_digests,
+    prepare,
+    tokenizer_fingerprint,
+)
+from .sources import DataError, Source, find_source
+from .streaming import streamed_blocks
+
+DEFAULT_SEQ_LEN = 256
+DEFAULT_EVAL_EVERY = 20
+EMBEDDED = "the embedded corpus"
+EMBEDDED_TOKENIZER = "the embedded byte-level BPE"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+@dataclass
+class DataArguments:
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated training data: prepared folders (scalevec-data prepare), text/jsonl/json/"
+            "parquet files or folders (prepared into a cache once), or Hub dataset ids. Default: the embedded corpus."
+        },
+    )
+    dataset_weights: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated mixture weights, one per --dataset entry (default: by their sizes)."},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Configuration name of a Hub dataset."})
+    text_column: str = field(default="text", metadata={"help": "Column (or JSON field) holding the documents."})
+    eval_dataset: str | None = field(
+        default=None, metadata={"help": "Held-out data of its own, instead of documents held out of --dataset."}
+    )
+    tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer folder or Hub id. Default: a prepared --dataset's own, else the embedded BPE."},
+    )
+    seq_len: int | None = field(
+        default=None,
+        metadata={"help": f"Tokens per training block. Default: a prepared --dataset's, else {DEFAULT_SEQ_LEN}."},
+    )
+    streaming: bool = field(
+        default=False, metadata={"help": "Stream raw --dataset sources instead of preparing them (too large)."}
+    )
+    eval_every: int | None = field(
+        default=None,
+        metadata={
+            "help": f"Hold out every n-th document (0: none; default {DEFAULT_EVAL_EVERY}, 0 with --eval-dataset)."
+        },
+    )
+    max_documents: int | None = field(default=None, metadata={"help": "Use only the first n documents."})
+    max_eval_documents: int = field(default=2000, metadata={"help": "At most this many held-out documents."})
+    num_proc: int = field(
+        default=1,
+        metadata={"help": "Processes that tokenise while preparing (one process already runs on every core)."},
+    )
+    stream_window: int = field(
+        default=1000,
+        metadata={"help": "--streaming: documents packed together, whose blocks are then put in a seeded order."},
+    )
+    prepared_cache: str | None = field(
+        default=None, metadata={"help": "Where raw --dataset data is prepared. Default: $SCALEVEC_CACHE/prepared."}
+    )
+    document_masking: bool = field(
+        default=False,
+        metadata={
+            "help": "Attention never crosses a document boundary in a packed block (train and eval): position ids "
+            "restart after every end-of-text token, with no attention mask (transformers' padding-free path)."
+        },
+    )
+
+    def __post_init__(self):
+        at_least = {"seq_len": 2, "max_documents": 1, "num_proc": 1, "stream_window": 1}
+        at_least |= {"eval_every": 0, "max_eval_documents": 0}
+        for name, lowest in at_least.items():
+            value = getattr(self, name)
+            if value is not None and value < lowest:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least {lowest}; got {value}")
+        if self.eval_dataset and self.eval_every:
+            raise ValueError("--eval-every holds documents out of --dataset; with --eval-dataset it must be 0")
+        if self.streaming and self.max_documents is not None:
+            raise ValueError("--max-documents applies to prepared data, not to --streaming")
+        self.weights()  # checked now, before anything is built
+
+    def entries(self) -> list[str]:
+        if self.dataset is None:
+            return [str(default_corpus_file())]
+        entries = [entry.strip() for entry in self.dataset.split(",")]
+        if not all(entries):
+            raise ValueError(f"--dataset {self.dataset!r}: an empty entry")
+        return entries
+
+    def weights(self) -> list[float] | None:
+        if self.dataset_weights is None:
+            return None
+        try:
+            weights = [float(weight) for weight in self.dataset_weights.split(",")]
+        except ValueError:
+            raise ValueError(f"--dataset-weights {self.dataset_weights!r}: not comma-separated numbers") from None
+        count = len(self.dataset.split(",")) if self.dataset else 1
+        if len(weights) != count:
+            raise ValueError(f"--dataset-weights gives {len(weights)} weights for {count} --dataset entries")
+        if not all(weight > 0 for weight in weights):
+            raise ValueError(f"--dataset-weights must all be positive; got {self.dataset_weights}")
+        return weights
+
+    def resolved_seq_len(self) -> int:
+        """`--seq-len`; else a prepared `--dataset`'s; else the default."""
+        if self.seq_len is not None:
+            return self.seq_len
+        prepared = [entry for entry in self.entries() if is_prepared(entry)]
+        return PreparedMetadata.read(Path(prepared[0])).seq_len if prepared else DEFAULT_SEQ_LEN
+
+    @property
+    def held_out_every(self) -> int:
+        if self.eval_every is not None:
+            return self.eval_every
+        return 0 if self.eval_dataset else DEFAULT_EVAL_EVERY
+
+
+@dataclass
+class TrainingData:
+    train: torch.utils.data.Dataset | datasets.IterableDataset
+    eval: torch.utils.data.Dataset | None
+    bytes_per_token: float | None  # of the held-out text, for bits per byte
+    seq_len: int
+    record: dict  # what the run records about its data (sources, sizes, weights)
+    notes: list[str] = field(default_factory=list)  # what the run says about its data at its start
+    warnings: list[str] = field(default_factory=list)  # ... and what it warns of
+
+
+def load_tokenizer(args: DataArguments) -> PreTrainedTokenizerBase:
+    """`--tokenizer`; else the tokenizer a prepared `--dataset` was made with; else the embedded one."""
+    if args.tokenizer:
+        return _named_tokenizer(args.tokenizer)
+    prepared = [entry for entry in args.entries() if is_prepared(entry)]
+    if prepared:
+        return AutoTokenizer.from_pretrained(Path(prepared[0]) / TOKENIZER_FOLDER)
+    return default_tokenizer()
+
+
+def _named_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    path = Path(name).expanduser()
+    if path.is_dir() and not any((path / file).is_file() for file in _TOKENIZER_FILES):
+        raise DataError(f"--tokenizer {name}: not a tokenizer folder (none of {', '.join(_TOKENIZER_FILES)})")
+    if not path.exists() and (name.startswith((".", "/", "~")) or path.is_file()):
+        raise DataError(f"--tokenizer {name}: no such folder")
+    if path.is_file():
+        raise DataError(f"--tokenizer {name}: a file; give the folder that holds the tokenizer")
+    try:
+        return AutoTokenizer.from_pretrained(str(path) if path.exists() else name)
+    except Exception as error:  # transformers raises many types here (OSError, ValueError, ImportError, ...)
+        where = "a tokenizer folder" if path.exists() else "a local folder, and it could not be loaded from the Hub"
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DataError(f"--tokenizer {name}: not {where} ({reason})") from error
+
+
+def check_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> None:
+    """Every id the tokenizer can produce must have an embedding row."""
+    if len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"the tokenizer {tokenizer.name_or_path} has {len(tokenizer)} tokens but the model's vocab_size is "
+            f"{vocab_size}: ids from {vocab_size} on would have no embedding. Use a model with vocab_size >= "
+            f"{len(tokenizer)} (--config-overrides '{{\"vocab_size\": {len(tokenizer)}}}') or another tokenizer"
+        )
+
+
+def build_training_data(
+    args: DataArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool = True,
+) -> TrainingData:
+    """The training blocks (prepared, mixed or streamed) and the held-out blocks, as `args` asks."""
+    if tokenizer.eos_token_id is None:
+        raise DataError("the tokenizer has no eos_token: packing needs one between documents")
+    builder = _Builder(args, tokenizer, args.resolved_seq_len(), progress)
+    if args.streaming:
+        return builder.streamed(args.entries(), seed, rank, world_size)
+    return builder.prepared(args.entries())
+
+
+class _Builder:
+    def __init__(self, args: DataArguments, tokenizer: PreTrainedTokenizerBase, seq_len: int, progress: bool):
+        self.args, self.tokenizer, self.seq_len, self.progress = args, tokenizer, seq_len, progress
+        self.fingerprint = tokenizer_fingerprint(tokenizer)
+        self.cache = Path(args.prepared_cache) if args.prepared_cache else cache_dir() / "prepared"
+        self.notes: list[str] = []
+        self.warnings: list[str] = []
+
+    def prepared(self, entries: list[str]) -> TrainingData:
+        args = self.args
+        options = PrepareOptions(self.seq_len, args.held_out_every, args.max_eval_documents, args.max_documents)
+        folders = [self._prepared_folder(entry, options) for entry in entries]
+        blocks = [PreparedBlocks(folder, "train") for folder in folders]
+        weights = self.args.weights() or [len(split) for split in blocks]
+        train = blocks[0] if len(blocks) == 1 else WeightedMixture(blocks, weights)
+        sources = [self._describe(entry, folder, split) for entry, folder, split in zip(entries, folders, blocks)]
+        for source, count in zip(sources, getattr(train, "places", [len(train)])):
+            source["share"] = count / len(train)
+            source["passes"] = count / source["blocks"] if source["blocks"] else 0.0
+        held_out = [folder for folder in folders if "eval" in PreparedMetadata.read(folder).splits]
+        return self._finish(train, sources, self._evaluation(held_out, "eval"))
+
+    def streamed(self, entries: list[str], seed: int, rank: int, world_size: int) -> TrainingData:
+        sources, held_out, folders = [], [], []
+        for entry in entries:
+            if is_prepared(entry):
+                raise DataError(f"--dataset {entry} is a prepared folder: train from it without --streaming")
+            source = self._source(entry)
+            sources.append(source)
+            if self.args.held_out_every:
+                options = PrepareOptions(self.seq_len, self.args.held_out_every, self.args.max_eval_documents)
+                folders.append(self._cached(source, options, with_train=False))
+                held_out.append(frozenset(load_held_out_digests(folders[-1])))
+            else:
+                held_out.append(frozenset())
+        weights = self.args.weights() or [1.0] * len(sources)
+        train = streamed_blocks(
+            sources, weights, self.tokenizer, self.seq_len, seed, self.args.stream_window, held_out, rank, world_size
+        )
+        if next(iter(train), None) is None:
+            raise DataError(f"--dataset {self.args.dataset}: no complete block of --seq-len {self.seq_len} tokens")
+        described = [
+            {"name": self._label(entry), "kind": "streamed", "shards": len(source.shards()), "weight": weight}
+            for entry, source, weight in zip(entries, sources, weights)
+        ]
+        return self._finish(train, described, self._evaluation(folders, "eval"))
+
+    def _finish(self, train, sources: list[dict], evaluation: tuple) -> TrainingData:
+        eval_set, bytes_per_token, eval_record = evaluation
+        record = {
+            "seq_len": self.seq_len,
+            "tokenizer": self._tokenizer_label(),
+            "streaming": self.args.streaming,
+            "document_masking": self.args.document_masking,
+            "sources": sources,
+            "eval": eval_record,
+        }
+        return TrainingData(train, eval_set, bytes_per_token, self.seq_len, record, self.notes, self.warnings)
+
+    def _evaluation(self, folders: list[Path], split: str) -> tuple:
+        """(held-out blocks, bytes per token, record) from `split` of `folders`, or of `--eval-dataset`."""
+        if self.args.eval_dataset:
+            options = PrepareOptions(self.seq_len, 0, 0, max_documents=self.args.max_eval_documents)
+            folders, split = [self._prepared_folder(self.args.eval_dataset, options)], "train"
+        parts = [PreparedBlocks(folder, split) for folder in folders]
+        infos = [part.metadata.splits[split] for part in parts]
+        blocks, tokens = sum(len(part) for part in parts), sum(info.tokens + info.dropped_tokens for info in infos)
+        if not parts:
+            return None, None, None
+        name = self.args.eval_dataset or "documents held out of the training data"
+        record = {"name": name, "blocks": blocks, "tokens": tokens}
+        if blocks == 0:
+            self.warnings.append(
+                f"no evaluation: the held-out data ({tokens} tokens) holds no complete block of --seq-len "
+                f"{self.seq_len} tokens (hold out more with --eval-every / --max-eval-documents)"
+            )
+            return None, None, record
+        bytes_per_token = sum(info.bytes for info in infos) / tokens
+        eval_set = parts[0] if len(parts) == 1 else torch.utils.data.ConcatDataset(parts)
+        return eval_set, bytes_per_token, record
+
+    def _prepared_folder(self, entry: str, options: PrepareOptions) -> Path:
+        if is_prepared(entry):
+            self._check_compatible(Path(entry))
+            return Path(entry)
+        return self._cached(self._source(entry), options, with_train=True)
+
+    def _source(self, entry: str) -> Source:
+        return find_source(entry, self.args.text_column, self.args.dataset_config)
+
+    def _check_compatible(self, folder: Path) -> None:
+        metadata = PreparedMetadata.read(folder)
+        ours = (self.tokenizer.name_or_path, self.fingerprint, self.seq_len)
+        theirs = (metadata.tokenizer_name, metadata.tokenizer_fingerprint, metadata.seq_len)
+        if ours[1:] != theirs[1:]:
+            raise DataError(
+                f"--dataset {folder} was prepared with tokenizer {theirs[0]} ({theirs[1]}) and --seq-len {theirs[2]};"
+                f" this run uses tokenizer {ours[0]} ({ours[1]}) and --seq-len {ours[2]}. Prepare it again with this "
+                "run's tokenizer and --seq-len, or train with its own (omit --tokenizer and --seq-len)"
+            )
+
+    def _cached(self, source: Source, options: PrepareOptions, with_train: bool) -> Path:
+        """The cache folder holding `source` prepared with `options`: reused if it is there, else made now."""
+        key = {"source": _identity(source), "tokenizer": self.fingerprint, "options": asdict(options)}
+        key["with_train"] = with_train
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        folder = self.cache / f"{_slug(source.name)}-{digest}"
+        if is_prepared(folder):
+            self.notes.append(f"data: {self._label(source.name)}, prepared in {folder} (reused)")
+            return folder
+        what = "data" if with_train else "held-out data"
+        print(f"scalevec-data: preparing {what} of {self._label(source.name)} into {folder}", flush=True)
+        try:
+            prepare([source], self.tokenizer, options, folder, self.args.num_proc, self.progress, with_train)
+        except (DataError, FileExistsError):
+            if not is_prepared(folder):  # rather than made by a process that prepared it at the same time
+                raise
+        self.notes.append(f"data: {self._label(source.name)}, prepared in {folder}")
+        return folder
+
+    def _describe(self, entry: str, folder: Path, blocks: PreparedBlocks) -> dict:
+        info = blocks.metadata.splits["train"]
+        return {
+            "name": self._label(entry),
+            "kind": "prepared",
+            "folder": str(folder),
+            "documents": info.documents,
+            "tokens": info.tokens,
+            "blocks": info.blocks,
+        }
+
+    def _tokenizer_label(self) -> str:
+        """The tokenizer's name for people: as given, or as recorded by the prepared folder it came from, the
+        embedded one by that name rather than by its cache folder."""
+        prepared = [entry for entry in self.args.entries() if is_prepared(entry)]
+        name = self.args.tokenizer or (PreparedMetadata.read(Path(prepared[0])).tokenizer_name if prepared else "")
+        if not name or Path(name).resolve().is_relative_to(cache_dir().resolve()):
+            name = EMBEDDED_TOKENIZER
+        return f"{name} ({len(self.tokenizer):,} tokens)"
+
+    def _label(self, entry: str) -> str:
+        return EMBEDDED if self.args.dataset is None else entry
+
+
+def _identity(source: Source) -> dict:
+    """What a prepared copy of `source` depends on: the files (with their sizes and times), or the Hub dataset."""
+    if source.is_local:
+        stats = [(os.path.abspath(file), os.stat(file)) for file in source.files]
+        files = [(path, stat.st_size, stat.st_mtime_ns) for path, stat in stats]
+        return {"files": files, "text_column": source.text_column}
+    return {"hub": source.name, "config": source.hub_config, "shards": source.hub_shards, "column": source.text_column}
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(name).name or name).strip("-")[:40] or "data"

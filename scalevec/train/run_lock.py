@@ -1,0 +1,40 @@
+"""One live run per output folder: a second `scalevec-train` on a folder that a running one holds is refused at
+once, instead of both writing into it."""
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_NAME = ".scalevec-train.lock"
+
+
+@contextmanager
+def holding_output_dir(output_dir: Path, take: bool = True) -> Iterator[None]:
+    """Hold `output_dir` for the block (where `take`: the main process of a multi-process run). An exclusive
+    `flock` on a file in the folder, which the kernel drops when the process ends, however it ends: a killed run
+    leaves the file but no lock. A run that ends removes the file while it still holds the lock."""
+    if not take:
+        yield
+        return
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / LOCK_NAME
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "?"
+            raise ValueError(
+                f"--output-dir {output_dir} is in use by another scalevec-train run (process {holder}); wait for "
+                "it to end, or choose another folder"
+            ) from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+    finally:
+        os.close(descriptor)

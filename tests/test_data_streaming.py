@@ -1,0 +1,172 @@
+"""Streamed data (scalevec/data/streaming.py): a source's files are shards, each window of documents is packed on
+its own, ranks read disjoint shards whose union is one process's data, held-out documents never stream, a
+`StatefulDataLoader` with workers resumes exactly, and mixtures stream by weight."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from scalevec.data import (
+    DataArguments,
+    DataError,
+    PackedBlockCollator,
+    build_training_data,
+    default_tokenizer,
+    find_source,
+)
+from scalevec.data import sources as sources_module
+from scalevec.data.streaming import seeded_shards, streamed_blocks
+
+from ._helpers import corpus_texts, packed, write_dataset
+
+SEQ_LEN, WINDOW = 16, 7
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return default_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def shards_folder(tmp_path_factory):
+    """Four jsonl files of distinct documents (25, 30, 35, 40), a few empty."""
+    folder = tmp_path_factory.mktemp("shards")
+    texts = corpus_texts(130, seed=3)
+    texts[5] = texts[77] = ""
+    start = 0
+    for index, count in enumerate((25, 30, 35, 40)):
+        write_dataset(folder / f"part-{index}", "jsonl", texts[start : start + count])
+        start += count
+    return folder
+
+
+def file_windows(source, tokenizer) -> dict[str, list[list[int]]]:
+    """Per file, the blocks its windows pack into (each window's tail dropped), in file order."""
+    from scalevec.data.sources import read_documents
+
+    blocks = {}
+    for shard in source.shards():
+        texts = [text for text in read_documents(shard) if text]
+        windows = [texts[i : i + WINDOW] for i in range(0, len(texts), WINDOW)]
+        blocks[str(shard)] = [block for window in windows for block in packed(tokenizer, window, SEQ_LEN)]
+    return blocks
+
+
+def stream_of(source, tokenizer, rank: int = 0, world_size: int = 1, seed: int = 0, endless: bool = False):
+    stream = streamed_blocks(
+        [source], [1.0], tokenizer, SEQ_LEN, seed, WINDOW, [frozenset()], rank, world_size, endless=endless
+    )
+    return (row["input_ids"].tolist() for row in stream)
+
+
+def test_a_stream_packs_each_window_of_each_file_in_a_seeded_order(shards_folder, tokenizer):
+    source = find_source(str(shards_folder))
+    expected = file_windows(source, tokenizer)
+    first = list(stream_of(source, tokenizer))
+    assert sorted(first) == sorted(block for blocks in expected.values() for block in blocks)
+    by_file = [expected[str(shard)] for shard in seeded_shards(source, seed=0)]
+    assert first != [block for blocks in by_file for block in blocks]  # blocks reordered within windows
+    start = 0
+    for blocks in by_file:  # ... but files come whole, in the seeded order
+        assert sorted(first[start : start + len(blocks)]) == sorted(blocks)
+        start += len(blocks)
+    endless = stream_of(source, tokenizer, endless=True)
+    assert [next(endless) for _ in range(2 * len(first))] == first + first  # starts again, in the same order
+    assert list(stream_of(source, tokenizer, seed=1)) != first
+
+
+@pytest.mark.parametrize("files", [4, 3], ids=["4 files on 2 ranks", "3 files on 2 ranks"])
+def test_two_ranks_read_disjoint_data_whose_union_is_one_process(files, shards_folder, tokenizer, monkeypatch):
+    whole = find_source(str(shards_folder))
+    source = type(whole)(whole.name, whole.text_column, files=whole.files[:files])
+    opened: dict[int, set[str]] = {}
+    passes = {}
+    for rank in (0, 1):
+        opened[rank] = set()
+        read = sources_module.read_documents
+
+        def recording(shard, read=read, seen=opened[rank]):
+            seen.add(str(shard))
+            return read(shard)
+
+        monkeypatch.setattr("scalevec.data.streaming.read_documents", recording)
+        passes[rank] = list(stream_of(source, tokenizer, rank, world_size=2))
+    monkeypatch.undo()
+    assert passes[0] and passes[1]
+    assert not Counter(map(tuple, passes[0])) & Counter(map(tuple, passes[1]))  # disjoint
+    assert sorted(passes[0] + passes[1]) == sorted(stream_of(source, tokenizer))  # together: one process's data
+    if files == 4:  # each rank reads only its own files
+        assert not opened[0] & opened[1] and len(opened[0] | opened[1]) == 4
+    else:  # each rank reads every file and packs every other window
+        assert opened[0] == opened[1] == set(source.files)
+
+
+def test_held_out_documents_never_stream(shards_folder, tokenizer, tmp_path, monkeypatch):
+    packed_windows = []
+    from scalevec.data.streaming import WindowPacker
+
+    pack = WindowPacker.__call__
+
+    def recording(self, batch):
+        packed_windows.append(batch["texts"][0])
+        return pack(self, batch)
+
+    monkeypatch.setattr(WindowPacker, "__call__", recording)
+    args = DataArguments(dataset=str(shards_folder), streaming=True, seq_len=SEQ_LEN, eval_every=4)
+    args.max_eval_documents, args.stream_window, args.prepared_cache = 10, WINDOW, str(tmp_path / "cache")
+    data = build_training_data(args, tokenizer, seed=0, progress=False)
+    held_out = {text for i, text in enumerate(corpus_texts(130, seed=3)[:40]) if i % 4 == 3 and text}
+    assert len(data.eval) > 0 and data.record["eval"]["name"] == "documents held out of the training data"
+    stream = iter(data.train)
+    for _ in range(700):  # about one pass
+        next(stream)
+    streamed = {text for window in packed_windows for text in window}
+    assert len(streamed) > 100 and not streamed & held_out
+
+
+def test_a_stateful_loader_with_workers_resumes_exactly(shards_folder, tokenizer):
+    source = find_source(str(shards_folder))
+    stream = streamed_blocks([source], [1.0], tokenizer, SEQ_LEN, 0, WINDOW, [frozenset()])
+    collate = PackedBlockCollator(tokenizer.eos_token_id)
+
+    def loader():
+        return StatefulDataLoader(stream, batch_size=3, num_workers=2, collate_fn=collate)
+
+    batches = iter(first := loader())
+    for _ in range(11):
+        next(batches)
+    state = first.state_dict()
+    expected = [next(batches)["input_ids"] for _ in range(12)]
+    resumed = loader()
+    resumed.load_state_dict(state)
+    again = iter(resumed)
+    assert all(np.array_equal(next(again)["input_ids"], batch) for batch in expected)
+
+
+def test_a_streamed_mixture_draws_by_its_weights(tmp_path, tokenizer):
+    alpha = find_source(str(write_dataset(tmp_path / "alpha", "jsonl", [f"alpha {i} " * 12 for i in range(200)])))
+    beta = find_source(str(write_dataset(tmp_path / "beta", "jsonl", [f"beta {i} " * 12 for i in range(200)])))
+    stream = streamed_blocks([alpha, beta], [3, 1], tokenizer, SEQ_LEN, 0, WINDOW, [frozenset(), frozenset()])
+    alpha_ids = set(tokenizer("alpha", add_special_tokens=False)["input_ids"])
+    drawn = []
+    for row in stream:
+        drawn.append(bool(alpha_ids & set(row["input_ids"].tolist())))
+        if len(drawn) == 1000:
+            break
+    assert sum(drawn) / len(drawn) == pytest.approx(0.75, abs=0.045)  # ~3 standard deviations
+
+
+def test_streaming_refuses_what_it_cannot_do(shards_folder, tokenizer, tmp_path):
+    from scalevec.data import PrepareOptions, prepare
+
+    prepare([find_source(str(shards_folder))], tokenizer, PrepareOptions(SEQ_LEN, 0), tmp_path / "p", progress=False)
+    with pytest.raises(DataError, match="is a prepared folder: train from it without --streaming"):
+        build_training_data(DataArguments(dataset=str(tmp_path / "p"), streaming=True), tokenizer, seed=0)
+    with pytest.raises(ValueError, match="--max-documents applies to prepared data"):
+        DataArguments(dataset=str(shards_folder), streaming=True, max_documents=10)
+    short = write_dataset(tmp_path / "short", "jsonl", ["hi", "yo"])
+    args = DataArguments(dataset=str(short), streaming=True, seq_len=64, eval_every=0)
+    with pytest.raises(DataError, match="no complete block of --seq-len 64 tokens"):
+        build_training_data(args, tokenizer, seed=0)
