@@ -302,6 +302,12 @@ def load(path: Path, dtype: torch.dtype, device: str | torch.device) -> torch.nn
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
 
 
+def greedy(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """The `new_tokens` greedy tokens after `ids`, with a KV cache (a trained checkpoint's config turns it off)."""
+    options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True)
+    return model.generate(ids, **options)[:, ids.shape[1] :]
+
+
 @dataclass
 class Outputs:
     logits: torch.Tensor  # float32, for the prompt
@@ -316,8 +322,7 @@ def outputs(path: Path, ids: torch.Tensor, new_tokens: int) -> dict[torch.dtype,
         model.to(dtype)
         with torch.no_grad():
             logits = model(ids).logits.float()
-        generated = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-        found[dtype] = Outputs(logits, generated[0, ids.shape[1] :])
+        found[dtype] = Outputs(logits, greedy(model, ids, new_tokens))
     return found
 
 
@@ -544,10 +549,11 @@ def decode(kind: str, sizes: Sizes, workdir: Path) -> dict:
     export_checkpoint(train_dir, folded_dir, STOCK[kind])
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, sizes.vocab_size, (1, sizes.decode_prompt), generator=generator).to(sizes.device)
-    options = dict(max_new_tokens=sizes.decode_new_tokens, min_new_tokens=sizes.decode_new_tokens, do_sample=False)
     paths = {"training form": train_dir, f"folded ({STOCK[kind]})": folded_dir}
     models = {name: load(path, torch.bfloat16, sizes.device) for name, path in paths.items()}
-    runs = {name: (lambda model=model: model.generate(prompt, **options)) for name, model in models.items()}
+    runs = {
+        name: (lambda model=model: greedy(model, prompt, sizes.decode_new_tokens)) for name, model in models.items()
+    }
     seconds = interleaved_medians(runs, sizes.repetitions, warmup=1)
     tokens = [run()[0] for run in runs.values()]
     rows = [
