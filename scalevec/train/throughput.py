@@ -64,11 +64,10 @@ def model_flops_per_token(config: PreTrainedConfig, seq_len: int) -> float:
     The first term is 2 FLOPs per multiply-add of every weight a token meets (`matmul_parameters_per_token`: MoE
     layers count the router, the active experts and any shared expert; the LM head counts; the embedding, norms and
     scale vectors do not), times 3 for the backward's two products. The second is attention's score (q k^T) and value
-    (p v) products over the whole `seq_len` x `seq_len` square, without causal halving: what the kernels are
-    asked to compute and what `torch.utils.flop_counter` counts, though a causal flash kernel skips about half.
-    Model FLOPs, not hardware FLOPs: recomputation (gradient checkpointing, the folded weights that ScaleVec
-    recomputes in backward) and elementwise work are not counted. `benchmarks/bench_flops.py` checks it against
-    a measured count."""
+    (p v) products over the whole `seq_len` x `seq_len` square, without causal halving (a causal flash kernel skips
+    about half). Model FLOPs, not hardware FLOPs: recomputation (gradient checkpointing, the scores a flash kernel
+    recomputes in backward, the folded weights that ScaleVec recomputes) and elementwise work are not counted.
+    `benchmarks/bench_flops.py` checks it against what `torch.utils.flop_counter` counts with eager attention."""
     attention = 12 * config.num_hidden_layers * config.num_attention_heads * _head_dim(config) * seq_len
     return float(6 * matmul_parameters_per_token(config) + attention)
 
