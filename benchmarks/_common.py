@@ -73,20 +73,28 @@ class LiveTensorMemory(TorchDispatchMode):
         return out
 
 
-def peak_memory(build: Callable[[], Callable[[], None]], steps: int = 2) -> int:
-    """Peak bytes of model, optimizer state, gradients and activations over `steps` training steps."""
+def peak_memory_during(run: Callable[[], object]) -> int:
+    """Peak bytes of the tensors that `run()` allocates, beyond those alive before it."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        step = build()
-        for _ in range(steps):
-            step()
-        return torch.cuda.max_memory_allocated()
+        before = torch.cuda.memory_allocated()
+        run()
+        return torch.cuda.max_memory_allocated() - before
     with LiveTensorMemory() as memory:
+        run()
+    return memory.peak
+
+
+def peak_memory(build: Callable[[], Callable[[], None]], steps: int = 2) -> int:
+    """Peak bytes of model, optimizer state, gradients and activations over `steps` training steps."""
+
+    def run() -> None:
         step = build()
         for _ in range(steps):
             step()
-    return memory.peak
+
+    return peak_memory_during(run)
 
 
 def move_scales_off_one(model: torch.nn.Module) -> None:
@@ -98,17 +106,26 @@ def move_scales_off_one(model: torch.nn.Module) -> None:
 
 
 def training_step(
-    model: torch.nn.Module, vocab_size: int, batch: int, seq: int, optimized: Iterable[torch.Tensor] | None = None
+    model: torch.nn.Module,
+    vocab_size: int,
+    batch: int,
+    seq: int,
+    optimized: Iterable[torch.Tensor] | None = None,
+    autocast: torch.dtype | None = None,
 ) -> Callable[[], None]:
     """One forward + backward + fused AdamW step (what `adamw_torch_fused` builds) on fixed random tokens, of the
-    `optimized` parameters (all by default)."""
+    `optimized` parameters (all by default), on the model's device; the forward under autocast to `autocast` if
+    given (what the Trainer's `--bf16` does: float32 weights, bf16 matmuls)."""
     model.train()
     optimized = model.parameters() if optimized is None else optimized
     optimizer = torch.optim.AdamW(optimized, lr=1e-4, fused=True)  # the Trainer's default
-    ids = torch.randint(0, vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    device = next(model.parameters()).device
+    ids = torch.randint(0, vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).to(device)
 
     def step() -> None:
-        model(ids, labels=ids).loss.backward()
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            loss = model(ids, labels=ids).loss
+        loss.backward()
         optimizer.step()
         model.zero_grad(set_to_none=True)
 

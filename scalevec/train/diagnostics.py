@@ -37,6 +37,14 @@ def flat_log(stats: dict[str, dict[int, dict[str, float]]]) -> dict[str, float]:
     return logs
 
 
+def extend_log(state, logs: dict, extra: dict[str, float]) -> None:
+    """Add `extra` to the `logs` that the callbacks after this one get, and to the record of this step in
+    `state.log_history` (which the Trainer wrote before calling the callbacks)."""
+    logs.update(extra)
+    if state.log_history and state.log_history[-1].get("step") == state.global_step:
+        state.log_history[-1].update(extra)
+
+
 class ScaleStatsCallback(TrainerCallback):
     """Adds per-site scale statistics to every training log (so every logger the Trainer reports to gets them)
     and, at the end of training and again after each evaluation that follows it, writes `scale_vectors.png` with
@@ -48,10 +56,7 @@ class ScaleStatsCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if model is None or logs is None or "loss" not in logs:
             return
-        extra = flat_log(scale_statistics(_unwrap(model)))
-        logs.update(extra)
-        if state.log_history and state.log_history[-1].get("step") == state.global_step:
-            state.log_history[-1].update(extra)
+        extend_log(state, logs, flat_log(scale_statistics(_unwrap(model))))
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self.training_ended = True
