@@ -7,8 +7,9 @@ import fcntl
 import os
 import re
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -111,6 +112,20 @@ def remove_folder(folder: str | Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)  # left by a process killed while deleting
     os.rename(folder, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
+
+
+def exit_status(program: str, work: Callable[[], object], expected: tuple[type[Exception], ...]) -> int:
+    """Run a command-line program's `work`: 0 when it succeeds; 1 after one line `program: error: ...` when it
+    raises one of `expected` or an `OSError` (then the path and the cause, as `describe_os_error` words them)."""
+    try:
+        work()
+    except expected as error:
+        print(f"{program}: error: {error}", file=sys.stderr)
+    except OSError as error:
+        print(f"{program}: error: {describe_os_error(error)}", file=sys.stderr)
+    else:
+        return 0
+    return 1
 
 
 def describe_os_error(error: OSError, path: str | Path | None = None) -> str:

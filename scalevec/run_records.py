@@ -12,6 +12,7 @@ from pathlib import Path
 RUN_PICTURE = "scale_vectors.png"  # the loss / scale-statistics figure `scalevec-train` writes into its output folder
 TRAINER_STATE = "trainer_state.json"
 TRAINING_DATA = "training_data.json"  # what `scalevec-train` trained on: sources, sizes, mixture weights
+RUN_SUMMARY = "run_summary.json"  # how `scalevec-train` ended: losses, evaluation, hardware, throughput
 # Eval keys that describe the evaluation run rather than the model.
 EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
 
@@ -24,6 +25,7 @@ class RunRecords:
     eval_metrics: dict[str, float] = field(default_factory=dict)  # final "eval_*" values
     training_args: dict | None = None  # training_args.json
     training_data: dict | None = None  # training_data.json: the sources trained on, their sizes and weights
+    summary: dict | None = None  # run_summary.json: the end of the run (hardware, throughput, MFU)
     sources: list[str] = field(default_factory=list)  # the files read, relative to the run folder
 
     @property
@@ -56,6 +58,9 @@ def read_run_records(run_dir: str | Path) -> RunRecords:
     if (data := read_json(run_dir / TRAINING_DATA)) is not None:
         records.training_data = data
         records.sources.append(TRAINING_DATA)
+    if (summary := read_json(run_dir / RUN_SUMMARY)) is not None:
+        records.summary = summary
+        records.sources.append(RUN_SUMMARY)
     return records
 
 
@@ -96,3 +101,10 @@ def _eval_metrics(record: dict) -> dict[str, float]:
         and not isinstance(value, bool)
         and math.isfinite(value)
     }
+
+
+def duration_text(seconds: float) -> str:
+    """`42.0 s`, `3.5 min` or `2.25 h`."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"

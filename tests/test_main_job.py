@@ -3,6 +3,8 @@ fresh processes), then `scalevec-convert` on the run it trained: cards from the 
 and `--push-to-hub` against the loopback Hub."""
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def quickstart(tmp_path_factory):
     """(output folder, finished process) of one smallest-size run of the main job, offline."""
     output = tmp_path_factory.mktemp("quickstart") / "out"
-    result = run_python(QUICKSTART, "--output-dir", str(output), *TINY_TRAINING, timeout=600)
+    naming = ("--model-name", "tiny quickstart model")
+    result = run_python(QUICKSTART, "--output-dir", str(output), *naming, *TINY_TRAINING, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return output, result
 
@@ -46,19 +49,42 @@ def card_of(folder: Path) -> ModelCard:
 
 def test_main_job_trains_exports_with_cards_and_loads_each_export_in_a_fresh_process(quickstart):
     output, result = quickstart
-    assert "loads as ScaleVecForCausalLM in a fresh process" in result.stdout
-    assert "loads as LlamaForCausalLM in a fresh process" in result.stdout
+    assert "  scalevec (ScaleVecForCausalLM): " in result.stdout and "  llama (LlamaForCausalLM): " in result.stdout
+    assert "The exports generate the same text." in result.stdout
     eval_loss = json.loads((output / "run" / "all_results.json").read_text())["eval_loss"]
     for target, load in (("scalevec", "trust_remote_code=True"), ("llama", "LlamaForCausalLM.from_pretrained")):
         card = card_of(output / target)
         assert card.data.library_name == "transformers" and "scalevec-unified" in card.data.tags
         assert ("loss", eval_loss) in [(r.metric_type, r.metric_value) for r in card.data.eval_results]
         assert load in card.text and "| optimizer steps | 4 |" in card.text
-        assert card.data.model_name == target  # the folder's name, not the staging folder's
+        assert card.data.model_name == "tiny quickstart model" and "\n# tiny quickstart model\n" in card.text
+        assert "| `the embedded corpus` |" in card.text and " on 1 × CPU (" in card.text  # its data and hardware
     trained = ScaleVecForCausalLM.from_pretrained(output / "run").eval()
     ids = random_ids(trained.config)
     exported = LlamaForCausalLM.from_pretrained(output / "llama").eval()
     torch.testing.assert_close(logits(exported, ids), logits(trained, ids), atol=1e-5, rtol=1e-5)
+
+
+def test_main_job_explains_its_numbers_and_says_what_to_do_next(quickstart):
+    output, result = quickstart
+    summary = result.stdout[result.stdout.index("== ScaleVec quickstart: what happened ==") :]
+    metrics = json.loads((output / "run" / "all_results.json").read_text())
+    assert f"Held-out loss {metrics['eval_loss']:.3f} nats per token: perplexity {metrics['eval_perplexity']:.0f}" in (
+        summary
+    )
+    assert f"guessing uniformly scores {math.log(4096):.3f} nats (perplexity 4,096)" in summary
+    frequency = float(re.search(r"by its frequency in the training data scores (\d+\.\d+): ", summary).group(1))
+    assert 3 < frequency < math.log(4096) - 1  # text is far from uniform
+    assert "the model has not learned even that much yet" in summary  # four steps learn less than frequencies
+    assert re.search(r"where zlib -9 compresses the same text to \d\.\d\d\.", summary)
+    assert "repeats itself" in summary
+    for line in (
+        f"{output / 'scalevec' / 'README.md'}",
+        "scale_vectors.png",
+        "scalevec-convert push",
+        "scalevec-train",
+    ):
+        assert line in summary
 
 
 def test_main_job_refuses_a_folder_that_is_not_empty_and_leaves_it_alone(quickstart):
@@ -75,6 +101,7 @@ def test_export_writes_a_card_from_the_run_records_unless_told_not_to(quickstart
     assert result.returncode == 0, result.stderr
     card = card_of(tmp_path / "folded")
     assert "What folding did" in card.text and "within the bound" in card.text
+    assert re.search(r"\n# ScaleVec unified dense language model, \d\.\d M parameters\n", card.text)  # no folder name
     result = run_python(CONVERT, "export", str(run_dir), str(tmp_path / "bare"), "--to", "llama", "--no-model-card")
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "bare" / "README.md").exists() and (tmp_path / "bare" / "model.safetensors").is_file()

@@ -136,9 +136,7 @@ def test_callback_in_a_trainer_run(tmp_path):
         output_dir=str(tmp_path), max_steps=4, logging_steps=2, per_device_train_batch_size=2, report_to="none",
         disable_tqdm=True, save_strategy="no", use_cpu=True,
     )  # fmt: skip
-    trainer = ScaleVecTrainer(
-        model=model, args=args, train_dataset=data, callbacks=[ThroughputCallback(seq_len=24), recorder]
-    )
+    trainer = ScaleVecTrainer(model=model, args=args, train_dataset=data, callbacks=[recorder], seq_len=24)
     trainer.train()
     training_logs = [logs for logs in recorder.logs if "loss" in logs]
     recorded = [entry for entry in trainer.state.log_history if "loss" in entry]

@@ -15,7 +15,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..atomic import write_text_atomically
 from ..configuration_scalevec import MINIMUM_TRANSFORMERS, SCALE_FIELDS, SCALE_PRESETS, ScaleVecConfig
-from ..run_records import RUN_PICTURE, RunRecords, logged_entries, read_json, read_run_records
+from ..run_records import RUN_PICTURE, RunRecords, duration_text, logged_entries, read_json, read_run_records
 from .checkpoint import Checkpoint
 from .errors import CheckpointError
 from .heads import CAUSAL_LM, Head, head_of
@@ -55,12 +55,12 @@ def write_model_card(
     such as "llama") from the ScaleVec model configured by `source_config` (as trained, before folding), and
     return its path. `run_dir` is the Trainer output folder whose records fill the training section; `base_model`
     the repo an import started from; `datasets` the Hub ids trained on; `repo_id` goes into the loading snippet and
-    names the model unless `model_name` does (default: the folder's name); `picture` is copied into `folder` and
-    shown on the card."""
+    names the model unless `model_name` does (default: the model's kind and size, never a folder's name);
+    `picture` is copied into `folder` and shown on the card."""
     folder = Path(folder)
     head = head_of(read_json(folder / "config.json") or {}, folder / "config.json")
     records = read_run_records(run_dir) if run_dir is not None else RunRecords()
-    model_name = model_name or repo_id or folder.name
+    model_name = model_name or repo_id or _default_title(source_config, head)
     eval_results = _eval_results(records.eval_metrics, datasets)
     card_data = ModelCardData(
         model_name=model_name if eval_results else None,  # the model-index needs it; otherwise it is noise
@@ -93,10 +93,11 @@ def write_model_card(
     return readme
 
 
-def card_writer(source: str | Path, repo_id: str | None = None) -> BeforeCommit:
+def card_writer(source: str | Path, repo_id: str | None = None, model_name: str | None = None) -> BeforeCommit:
     """The `before_commit` hook of an export from `source` that writes the card into the staged output: the run's
     records and picture (`scale_vectors.png`, as `scalevec-train` writes it) are read from `source`, so an export
-    straight from a training folder gets the full card and any other export the minimal one."""
+    straight from a training folder gets the full card and any other export the minimal one. The card is titled
+    `model_name`, else `repo_id`, else by the model's kind and size."""
     source = Path(source)
 
     def write(folder: Path, result: ConversionResult) -> None:
@@ -109,7 +110,7 @@ def card_writer(source: str | Path, repo_id: str | None = None) -> BeforeCommit:
             folding_summary=folding_summary(result),
             picture=picture if picture.is_file() else None,
             repo_id=repo_id,
-            model_name=repo_id or result.destination.name,  # `folder` is the staging folder, named for the moment
+            model_name=model_name,
         )
 
     return write
@@ -133,6 +134,15 @@ def folding_summary(result: ConversionResult) -> str:
     if result.verification is not None:
         text += f" Verification against the source on fixed random tokens (float32): {result.verification.describe()}."
     return text
+
+
+def _default_title(config: ScaleVecConfig, head: Head) -> str:
+    """`ScaleVec unified dense language model, 1.8 M parameters`: what a card says when nobody named the model."""
+    kind = f"mixture-of-experts ({config.num_experts} experts)" if config.num_experts else "dense"
+    model = "language model" if head is CAUSAL_LM else f"model with a {head.name} head"
+    total = num_parameters(config, head)
+    size = f"{total / 1e9:.2f} B" if total >= 1e9 else f"{total / 1e6:.1f} M"
+    return f"ScaleVec {_strategy_name(config)} {kind} {model}, {size} parameters"
 
 
 def _strategy_name(config: ScaleVecConfig) -> str:
@@ -232,7 +242,11 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
     if summary := next((entry for entry in reversed(history) if "train_loss" in entry), None):
         rows.append(("mean training loss over the run", f"{summary['train_loss']:.4f}"))
         if "train_runtime" in summary:
-            rows.append(("training wall time", _duration(summary["train_runtime"])))
+            where = records.summary or {}
+            hardware = f" on {where['hardware']} ({where['precision']})" if "hardware" in where else ""
+            rows.append(("training wall time", duration_text(summary["train_runtime"]) + hardware))
+            if where.get("tokens_per_second"):
+                rows.append(("throughput", f"{where['tokens_per_second']:,.0f} tokens/s" + _mfu(where)))
     for key, value in records.eval_metrics.items():
         rows.append((key.replace("_", " "), f"{value:.4f}"))
     for key, label in TRAINING_ARGUMENTS.items():
@@ -240,6 +254,10 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
         if value not in (None, "", {}):
             rows.append((label, _warmup(value, state.get("max_steps")) if key == "warmup_steps" else f"`{value}`"))
     return rows
+
+
+def _mfu(summary: dict) -> str:
+    return f", model FLOPs utilisation {summary['mfu_percent']:.1f} %" if "mfu_percent" in summary else ""
 
 
 def _data_note(data: dict | None) -> str | None:
@@ -277,12 +295,6 @@ def _warmup(steps: float, total_steps: int | None) -> str:
     if not total_steps:
         return f"{100 * steps:g} % of the optimizer steps"
     return f"{math.ceil(total_steps * steps):,} steps ({100 * steps:g} % of the {total_steps:,} optimizer steps)"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
 
 
 def _eval_results(metrics: dict[str, float], datasets: Sequence[str]) -> list[EvalResult]:

@@ -71,6 +71,9 @@ def add_publishing_options(parser: argparse.ArgumentParser) -> None:
         help="do not write README.md (by default a model card from the run's records in SRC, when there are any)",
     )
     parser.add_argument(
+        "--model-name", help="the model card's title (default: the --push-to-hub repository, else the model's kind)"
+    )
+    parser.add_argument(
         "--push-to-hub", metavar="REPO_ID", help="after writing DST, upload it to this Hub repository (owner/name)"
     )
     parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
@@ -87,7 +90,8 @@ def add_atol(parser: argparse.ArgumentParser) -> None:
 
 
 def output_options(args: argparse.Namespace) -> OutputOptions:
-    card = card_writer(args.source, args.push_to_hub) if getattr(args, "model_card", False) else None
+    writes_card = getattr(args, "model_card", False)
+    card = card_writer(args.source, args.push_to_hub, args.model_name) if writes_card else None
     return OutputOptions(
         dtype=args.dtype,
         max_shard_size=args.max_shard_size,

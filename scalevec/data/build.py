@@ -70,7 +70,8 @@ class DataArguments:
     eval_every: int | None = field(
         default=None,
         metadata={
-            "help": f"Hold out every n-th document (0: none; default {DEFAULT_EVAL_EVERY}, 0 with --eval-dataset)."
+            "help": f"Hold out every n-th document (default {DEFAULT_EVAL_EVERY}, 0 with --eval-dataset); 0: no "
+            "held-out evaluation, also from a prepared folder's held-out split."
         },
     )
     max_documents: int | None = field(default=None, metadata={"help": "Use only the first n documents."})
@@ -220,13 +221,14 @@ class _Builder:
         options = PrepareOptions(self.seq_len, args.held_out_every, args.max_eval_documents, args.max_documents)
         folders = [self._prepared_folder(entry, options) for entry in entries]
         blocks = [PreparedBlocks(folder, "train") for folder in folders]
-        weights = self.args.weights() or [len(split) for split in blocks]
+        weights = args.weights() or [len(split) for split in blocks]
         train = blocks[0] if len(blocks) == 1 else WeightedMixture(blocks, weights)
         sources = [self._describe(entry, folder, split) for entry, folder, split in zip(entries, folders, blocks)]
         for source, count in zip(sources, getattr(train, "places", [len(train)])):
             source["share"] = count / len(train)
             source["passes"] = count / source["blocks"] if source["blocks"] else 0.0
         held_out = [folder for folder in folders if "eval" in PreparedMetadata.read(folder).splits]
+        held_out = held_out if args.held_out_every else []  # `--eval-every 0`: no evaluation
         return self._finish(train, sources, self._evaluation(held_out, "eval"))
 
     def streamed(self, entries: list[str], seed: int, rank: int, world_size: int) -> TrainingData:
@@ -271,11 +273,11 @@ class _Builder:
         if self.args.eval_dataset:
             options = PrepareOptions(self.seq_len, 0, 0, max_documents=self.args.max_eval_documents)
             folders, split = [self._prepared_folder(self.args.eval_dataset, options)], "train"
+        if not folders:
+            return None, None, None
         parts = [PreparedBlocks(folder, split) for folder in folders]
         infos = [part.metadata.splits[split] for part in parts]
         blocks, tokens = sum(len(part) for part in parts), sum(info.tokens + info.dropped_tokens for info in infos)
-        if not parts:
-            return None, None, None
         name = self.args.eval_dataset or "documents held out of the training data"
         record = {"name": name, "blocks": blocks, "tokens": tokens}
         if blocks == 0:
@@ -299,8 +301,8 @@ class _Builder:
 
     def _check_compatible(self, folder: Path) -> None:
         metadata = PreparedMetadata.read(folder)
-        ours = (self.tokenizer.name_or_path, self.fingerprint, self.seq_len)
-        theirs = (metadata.tokenizer_name, metadata.tokenizer_fingerprint, metadata.seq_len)
+        ours = (_display_name(self.tokenizer.name_or_path), self.fingerprint, self.seq_len)
+        theirs = (_display_name(metadata.tokenizer_name), metadata.tokenizer_fingerprint, metadata.seq_len)
         if ours[1:] != theirs[1:]:
             raise DataError(
                 f"--dataset {folder} was prepared with tokenizer {theirs[0]} ({theirs[1]}) and --seq-len {theirs[2]};"
@@ -343,12 +345,17 @@ class _Builder:
         embedded one by that name rather than by its cache folder."""
         prepared = [entry for entry in self.args.entries() if is_prepared(entry)]
         name = self.args.tokenizer or (PreparedMetadata.read(Path(prepared[0])).tokenizer_name if prepared else "")
-        if not name or Path(name).resolve().is_relative_to(cache_dir().resolve()):
-            name = EMBEDDED_TOKENIZER
-        return f"{name} ({len(self.tokenizer):,} tokens)"
+        return f"{_display_name(name)} ({len(self.tokenizer):,} tokens)"
 
     def _label(self, entry: str) -> str:
         return EMBEDDED if self.args.dataset is None else entry
+
+
+def _display_name(tokenizer_name: str) -> str:
+    """A tokenizer's name, the embedded one's by that name rather than by its cache folder."""
+    if not tokenizer_name or Path(tokenizer_name).resolve().is_relative_to(cache_dir().resolve()):
+        return EMBEDDED_TOKENIZER
+    return tokenizer_name
 
 
 def _identity(source: Source) -> dict:

@@ -10,10 +10,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ..atomic import describe_os_error
+from ..atomic import exit_status
 from .build import DEFAULT_EVAL_EVERY, DEFAULT_SEQ_LEN, DataArguments, load_tokenizer
 from .prepared import PreparedMetadata, PrepareOptions, prepare
-from .sources import DataError, find_source
+from .sources import find_source
 
 
 def _prepare(args: argparse.Namespace) -> None:
@@ -79,15 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        args.run(args)
-    except (DataError, ValueError) as error:
-        print(f"scalevec-data: error: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:
-        print(f"scalevec-data: error: {describe_os_error(error)}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status("scalevec-data", lambda: args.run(args), (ValueError,))  # DataError is a ValueError
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..atomic import write_text_atomically
+from ..atomic import exit_status, write_text_atomically
 from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..convert.meta_model import scale_parameters
 from ..data import DataArguments
@@ -331,6 +331,7 @@ def plot_losses(records: list[RunRecord], path: Path) -> Path:
     _zoom_on_tail(tail, curves, fraction=0.4)
     tail.set(title="last 40 % of steps", xlabel="step")
     _plot_differences(paired, summarise(records), colours)
+    fig.tight_layout()
     return save_figure(fig, path)
 
 
@@ -363,15 +364,13 @@ def _plot_differences(axis, summaries: list[VariantSummary], colours: dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     types = (AblationArguments, ModelArguments, DataArguments, ScaleVecTrainingArguments)
-    try:
+
+    def ablate() -> None:
         ablation, *arguments = parse_arguments(sys.argv[1:] if argv is None else argv, types)
-        records = run_ablation(ablation, *arguments)
-    except (ValueError, NonFiniteLossError) as error:
-        print(f"scalevec-ablate: error: {error}", file=sys.stderr)
-        return 1
-    print(summary_table(records))
-    print(f"results in {Path(arguments[2].output_dir)}")
-    return 0
+        print(summary_table(run_ablation(ablation, *arguments)))
+        print(f"results in {Path(arguments[2].output_dir)}")
+
+    return exit_status("scalevec-ablate", ablate, (ValueError, NonFiniteLossError))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from transformers.trainer_utils import enable_full_determinism, set_seed
 from transformers.utils.generic import is_flash_attention_requested
 
 from ..atomic import (
-    describe_os_error,
+    exit_status,
     fsync_path,
     fsync_tree,
     removed_if_left_empty,
@@ -31,9 +31,10 @@ from ..atomic import (
 from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..data import DataArguments, PackedBlockCollator, build_training_data, check_vocabulary, load_tokenizer
 from ..modeling_scalevec import ScaleVecForCausalLM
-from ..run_records import RUN_PICTURE, TRAINING_DATA
+from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA
 from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES
+from .report import describe_summary, plan, summary
 from .resume import (
     CheckpointContent,
     check_explicit_checkpoint,
@@ -181,11 +182,18 @@ def _train(
         data_collator=PackedBlockCollator(tokenizer.eos_token_id, data_args.document_masking, flatten),
         processing_class=tokenizer,
         bytes_per_token=data.bytes_per_token,
+        seq_len=data.seq_len,
     )
+    if training_args.should_log:
+        print(plan(trainer.model, training_args, data), flush=True)
     metrics = _run(trainer, checkpoint)
     if data.eval is not None:
         metrics.update(trainer.evaluate())
-    _save_result(trainer, metrics, data.record)
+    figures = summary(trainer, metrics)
+    _save_result(trainer, metrics, data.record, figures)
+    if training_args.should_log:
+        written = sorted(path.name for path in output_dir.iterdir() if not path.name.startswith("."))
+        print(describe_summary(figures, written), flush=True)
     return TrainResult(output_dir, metrics, _picture(output_dir))
 
 
@@ -225,10 +233,10 @@ def _run(trainer: ScaleVecTrainer, checkpoint: CheckpointContent | None) -> dict
     return {}
 
 
-def _save_result(trainer: ScaleVecTrainer, metrics: dict, data_record: dict) -> None:
-    """The final model, tokenizer and records (with what the run trained on). The model's files are written into a
-    staging folder and moved in once all are there, and `trainer_state.json` comes last: a readable one means that
-    the run finished."""
+def _save_result(trainer: ScaleVecTrainer, metrics: dict, data_record: dict, figures: dict) -> None:
+    """The final model, tokenizer and records (what the run trained on, its summary). The model's files are written
+    into a staging folder and moved in once all are there, and `trainer_state.json` comes last: a readable one means
+    that the run finished."""
     output_dir = Path(trainer.args.output_dir)
     staging = output_dir / f".result{STAGING_SUFFIX}"
     main_process = trainer.is_world_process_zero()
@@ -244,6 +252,7 @@ def _save_result(trainer: ScaleVecTrainer, metrics: dict, data_record: dict) -> 
         if main_process:
             write_text_atomically(output_dir / "training_args.json", trainer.args.to_json_string())
             write_text_atomically(output_dir / TRAINING_DATA, json.dumps(data_record, indent=2) + "\n")
+            write_text_atomically(output_dir / RUN_SUMMARY, json.dumps(figures, indent=2) + "\n")
         trainer.save_state()
         if main_process:
             fsync_path(output_dir / TRAINER_STATE_NAME)
@@ -326,16 +335,8 @@ def _type_name(convert) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        result = train(*parse_arguments(sys.argv[1:] if argv is None else argv))
-    except (ValueError, NonFiniteLossError) as error:
-        print(f"scalevec-train: error: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:
-        print(f"scalevec-train: error: {describe_os_error(error)}", file=sys.stderr)
-        return 1
-    print(f"saved to {result.output_dir}" + (f"; plot {result.plot}" if result.plot else ""))
-    return 0
+    argv = sys.argv[1:] if argv is None else argv
+    return exit_status("scalevec-train", lambda: train(*parse_arguments(argv)), (ValueError, NonFiniteLossError))
 
 
 if __name__ == "__main__":

@@ -90,15 +90,40 @@ def plot_run(log_history: list[dict], stats: dict, path: Path) -> Path:
     return save_figure(run_figure(log_history, stats), path)
 
 
+# One line style per part of the block (attention, MLP or MoE, the rest), a colour per site within it, so that no
+# two sites look alike and lines lying on top of each other still show.
+_STYLES = {"self_attn": ("-", "o"), "mlp": ("--", "s"), "other": (":", "^")}
+READING = (
+    "How to read it: every scale starts at 1 (mean 1, anisotropy 0). Means and anisotropy leaving that start are the "
+    "scales learning to precondition the linear maps they feed, as the paper finds; expect smooth changes from layer "
+    "to layer. Look twice at a site whose mean heads for 0 or keeps growing, or whose anisotropy far outgrows the "
+    "others: its weight decay (by role) or the learning rate may be off."
+)
+
+
+def _site_styles(sites: list[str]) -> dict[str, dict]:
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab10"].colors
+    styles, counts = {}, {}
+    for site in sites:
+        part = site.split(".")[0] if site.split(".")[0] in _STYLES else "other"
+        index = counts[part] = counts.get(part, -1) + 1
+        linestyle, marker = _STYLES[part]
+        styles[site] = {"color": colours[index % len(colours)], "linestyle": linestyle, "marker": marker}
+    return styles
+
+
 def run_figure(log_history: list[dict], stats: dict):
-    """Loss curves (train, eval) and the mean and anisotropy of every scale site across layers."""
+    """Loss curves (train, eval) and the mean and anisotropy of every scale site across layers, each scale panel
+    with its own legend, and a caption on how to read them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, (losses, means, anisotropy) = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, (losses, means, anisotropy) = plt.subplots(1, 3, figsize=(17, 6))
     for key, label in (("loss", "train"), ("eval_loss", "eval")):
         points = logged_curve(log_history, key)
         if points:
@@ -106,16 +131,19 @@ def run_figure(log_history: list[dict], stats: dict):
     losses.set(title="loss", xlabel="step", ylabel="nats per token")
     if losses.lines:
         losses.legend()
+    styles = _site_styles(sorted(stats))
     for site, layers in sorted(stats.items()):
         order = sorted(layers)
-        means.plot(order, [layers[i]["mean"] for i in order], marker=".", label=site)
-        anisotropy.plot(order, [layers[i]["anisotropy"] for i in order], marker=".", label=site)
-    means.set(title="scale mean per layer", xlabel="layer (-1: outside blocks)")
-    anisotropy.set(title="scale anisotropy (std / mean) per layer", xlabel="layer (-1: outside blocks)")
-    for per_layer in (means, anisotropy):
-        per_layer.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if stats:
-        anisotropy.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        for panel, key in ((means, "mean"), (anisotropy, "anisotropy")):
+            panel.plot(order, [layers[i][key] for i in order], label=site, markersize=4, linewidth=1.2, **styles[site])
+    means.set(title="scale mean per layer", xlabel="layer (-1: outside the blocks)")
+    anisotropy.set(title="scale anisotropy (std / mean) per layer", xlabel="layer (-1: outside the blocks)")
+    for panel in (means, anisotropy):
+        panel.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if stats:
+            panel.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    fig.text(0.01, 0.01, READING, fontsize=8.5, wrap=True, va="bottom")
+    fig.subplots_adjust(left=0.05, right=0.99, top=0.94, bottom=0.38, wspace=0.22)
     return fig
 
 
@@ -123,7 +151,6 @@ def save_figure(fig, path: Path) -> Path:
     """Write a matplotlib figure as PNG atomically (a reader never sees half a file) and close it."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp.png")
     fig.savefig(temporary, dpi=110)

@@ -158,17 +158,18 @@ class ThroughputCallback(TrainerCallback):
     for every `--report-to` logger to get these; passed as `callbacks=[...]`, it comes after them, and only the
     console and `log_history` do."""
 
-    def __init__(self, seq_len: int, peak_flops: float | None = None):
+    def __init__(self, seq_len: int | None, peak_flops: float | None = None):
         self.seq_len = seq_len
         self.peak_flops = peak_flops
         self.flops_per_token: float | None = None
         self._since: tuple[float, int] = (0.0, 0)  # (clock, tokens seen) where the current window began
+        self.timed: tuple[float, int] = (0.0, 0)  # (seconds, tokens) of this run's windows so far
 
     def _restart_clock(self, state, now: float | None = None) -> None:
         self._since = (time.perf_counter() if now is None else now, state.num_input_tokens_seen)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if model is not None:
+        if model is not None and self.seq_len:  # without a sequence length: tokens per second and memory only
             self.flops_per_token = model_flops_per_token(getattr(model, "module", model).config, self.seq_len)
         if self.peak_flops is None:
             dtype = torch.bfloat16 if args.bf16 or args.fp16 else torch.float32
@@ -189,12 +190,22 @@ class ThroughputCallback(TrainerCallback):
         extend_log(state, logs, self.measure(args, state, now))
         self._restart_clock(state, now)
 
+    def on_train_end(self, args, state, control, **kwargs):
+        self.measure(args, state, time.perf_counter())  # the steps after the last log count in `run_figures`
+
     def measure(self, args, state, now: float) -> dict[str, float]:
-        """The figures of the window from the last restart of the clock to `now`."""
+        """The figures of the window from the last restart of the clock to `now` (added to the run's)."""
         started, tokens_then = self._since
-        seconds = now - started
+        seconds, tokens = now - started, state.num_input_tokens_seen - tokens_then
+        self.timed = (self.timed[0] + seconds, self.timed[1] + tokens)
+        return self._figures(args, seconds, tokens)
+
+    def run_figures(self, args) -> dict[str, float]:
+        """The figures of this run's training so far, evaluations and saves left out: its mean throughput."""
+        return self._figures(args, *self.timed)
+
+    def _figures(self, args, seconds: float, tokens: int) -> dict[str, float]:
         figures = peak_memory_gib(args.device)
-        tokens = state.num_input_tokens_seen - tokens_then
         if tokens > 0 and seconds > 0:  # else the tokens were not counted (`include_num_input_tokens_seen` off)
             per_device = tokens / seconds / args.world_size
             figures.update(tokens_per_second=tokens / seconds, tokens_per_second_per_device=per_device)

@@ -21,6 +21,7 @@ from ..atomic import commit_folder, remove_folder, write_text_atomically, writes
 from ..modeling_scalevec import ScaleVecModel
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback
 from .optim import DecayConfig, MuonAdamW, describe_groups, parameter_groups
+from .throughput import ThroughputCallback
 
 logger = logging.get_logger(__name__)
 METRIC_PATH = Path(__file__).parent / "lm_metrics" / "lm_metrics.py"
@@ -67,6 +68,10 @@ class ScaleVecTrainingArguments(TrainingArguments):
         metadata={"help": "Muon learning-rate scaling: 'match_rms_adamw' (same lr as AdamW) or 'original'."},
     )
     scale_stats: bool = field(default=True, metadata={"help": "Log per-site scale statistics and plot them."})
+    peak_flops: float | None = field(
+        default=None,
+        metadata={"help": "Peak FLOP/s of one device, for MFU. Default: known GPUs by name (none on CPU)."},
+    )
     include_num_input_tokens_seen: bool = field(default=True, metadata={"help": "Count the tokens seen."})
     dataloader_pin_memory: bool = field(
         default_factory=torch.cuda.is_available, metadata={"help": "Pin memory for data loaders (GPU only)."}
@@ -102,6 +107,7 @@ _AT_LEAST_ONE = ("per_device_train_batch_size", "per_device_eval_batch_size", "g
 _NOT_NEGATIVE = ("learning_rate", "weight_decay", "max_grad_norm", "dataloader_num_workers", "seed")
 _NOT_NEGATIVE += ("input_scale_weight_decay", "output_scale_weight_decay", "embedding_weight_decay")
 _POSITIVE = ("num_train_epochs", "logging_steps", "save_steps", "eval_steps", "adam_epsilon", "save_total_limit")
+_POSITIVE += ("peak_flops",)
 _FRACTIONS = ("adam_beta1", "adam_beta2", "muon_momentum")  # in [0, 1)
 
 
@@ -148,7 +154,9 @@ class ScaleVecTrainer(Trainer):
     decayed, output-role scales not. The stock Trainer exempts every parameter named "norm" from weight decay,
     which the paper shows is wrong for input-norm scales."""
 
-    def __init__(self, *args, bytes_per_token: float | None = None, **kwargs):
+    def __init__(self, *args, bytes_per_token: float | None = None, seq_len: int | None = None, **kwargs):
+        """`bytes_per_token` of the held-out text gives bits per byte; `seq_len`, the length of the training
+        sequences, gives the model FLOPs (and MFU) that each training log reports beside tokens per second."""
         if kwargs.get("compute_metrics") is None and kwargs.get("eval_dataset") is not None:
             kwargs["compute_metrics"] = self._lm_metrics
             kwargs["preprocess_logits_for_metrics"] = token_nll
@@ -161,9 +169,12 @@ class ScaleVecTrainer(Trainer):
         if self.args.torch_compile:
             _install_output_hooks(self.model)
         self.bytes_per_token = bytes_per_token
+        callbacks = self.callback_handler.callbacks
+        # Before every logger (after the Trainer's flow control), so that each logger gets what these add.
+        self.throughput = ThroughputCallback(seq_len, getattr(self.args, "peak_flops", None))
+        callbacks.insert(1, self.throughput)
         if getattr(self.args, "scale_stats", True):
-            callbacks = self.callback_handler.callbacks
-            callbacks.insert(1, ScaleStatsCallback())  # before every logger
+            callbacks.insert(1, ScaleStatsCallback())
             callbacks.insert(len(callbacks) - 1, HideScaleStatsFromConsole())  # after them, before the printer
 
     def get_train_dataloader(self):

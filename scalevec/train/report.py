@@ -1,0 +1,170 @@
+"""What `scalevec-train` tells a person: the plan at the start of a run (model, tokens, data, checkpoints, what is
+logged) and, at its end, what happened (losses, evaluation, throughput, where everything went), also written to
+`run_summary.json` for the model card."""
+
+import math
+import platform
+from pathlib import Path
+
+import torch
+
+from ..data import TrainingData
+from ..run_records import duration_text, logged_entries
+from .throughput import device_peak_flops
+
+
+def hardware(args) -> str:
+    """The devices a run's times come from: `8 × NVIDIA H100 80GB HBM3`, `1 × CPU (Intel Xeon ..., 2 threads)`."""
+    if args.device.type == "cuda":
+        name = torch.cuda.get_device_name(args.device)
+    else:
+        name = f"CPU ({_cpu_model()}, {torch.get_num_threads()} threads)"
+    return f"{args.world_size} × {name}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _precision(args) -> str:
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "tf32" if args.tf32 else "fp32"
+
+
+def peak_flops(args) -> float | None:
+    """The peak FLOP/s of one device that MFU is taken against: `--peak-flops`, else a known GPU's."""
+    dtype = torch.bfloat16 if args.bf16 or args.fp16 else torch.float32
+    return args.peak_flops or device_peak_flops(args.device, dtype, tf32=bool(args.tf32))
+
+
+def tokens_per_step(args, seq_len: int) -> int:
+    return args.per_device_train_batch_size * seq_len * args.world_size * args.gradient_accumulation_steps
+
+
+def planned_steps(args, data: TrainingData) -> int:
+    if args.max_steps > 0:
+        return args.max_steps
+    batches = math.ceil(len(data.train) / (args.per_device_train_batch_size * args.world_size))
+    return math.ceil(batches / args.gradient_accumulation_steps) * math.ceil(args.num_train_epochs)
+
+
+def parameter_counts(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(all parameters, without the embedding and LM head, in scale vectors) of a ScaleVec model (LoRA: its base)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    total = sum(p.numel() for p in base.parameters())
+    embeddings = {
+        id(p) for module in (base.get_input_embeddings(), base.get_output_embeddings()) for p in module.parameters()
+    }
+    without = total - sum(p.numel() for p in base.parameters() if id(p) in embeddings)
+    return total, without, base.num_scale_parameters()
+
+
+def _data_line(source: dict) -> str:
+    if source["kind"] == "streamed":
+        return f"{source['name']}: streamed from {source['shards']:,} shards, weight {source['weight']:g}"
+    line = f"{source['name']}: {source['documents']:,} documents, {source['tokens']:,} tokens"
+    line += f" ({source['blocks']:,} blocks)"
+    if "share" in source and source["share"] < 1:
+        line += f", {100 * source['share']:.1f} % of the blocks"
+    return line
+
+
+def plan(model: torch.nn.Module, args, data: TrainingData) -> str:
+    """The start-of-run block."""
+    total, without_embeddings, scales = parameter_counts(model)
+    config = getattr(model, "get_base_model", lambda: model)().config
+    per_step, steps = tokens_per_step(args, data.seq_len), planned_steps(args, data)
+    kind = f"MoE, {config.num_experts} experts, top-{config.num_experts_per_tok}" if config.num_experts else "dense"
+    strategy = f"{config.scale_preset} ({config.norm_scale} / {config.linear_scale} / {config.scale_param})"
+    lines = [
+        f"model        ScaleVec {strategy}, {kind}: {total:,} parameters, {without_embeddings:,} without "
+        f"embeddings, {scales:,} in scale vectors ({100 * scales / total:.2f} %)",
+        f"batch        {args.per_device_train_batch_size} blocks × {data.seq_len} tokens × {args.world_size} "
+        f"processes × {args.gradient_accumulation_steps} accumulation steps = {per_step:,} tokens per optimizer step",
+        f"length       {steps:,} steps = {steps * per_step:,} tokens = {steps * per_step / total:.2f} tokens per "
+        "parameter (Chinchilla's compute-optimal ratio is about 20)",
+    ]
+    lines += [f"data         {_data_line(source)}" for source in data.record["sources"]]
+    held_out = data.record.get("eval")
+    if held_out and data.eval is not None:
+        when = "at the end" if args.eval_strategy == "no" else f"every {args.eval_steps or args.logging_steps} steps"
+        lines.append(
+            f"held out     {held_out['name']}: {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks)"
+            f", evaluated {when}"
+        )
+    else:
+        lines.append("held out     nothing: no evaluation")
+    saving = "none (--save-strategy no)" if args.save_strategy == "no" else _checkpoint_cadence(args)
+    lines.append(f"checkpoints  {saving}")
+    peak = peak_flops(args)
+    mfu = (
+        f"MFU against {peak / 1e12:g} TFLOP/s per device" if peak else "no MFU (no known peak: --peak-flops sets one)"
+    )
+    lines.append(f"logging      every {args.logging_steps:g} steps: loss, learning rate, tokens/s, {mfu}, peak memory")
+    lines.append(f"device       {hardware(args)}, {_precision(args)}")
+    lines.append(f"output       {args.output_dir}")
+    return "\n".join(["== scalevec-train: the plan ==", *lines])
+
+
+def _checkpoint_cadence(args) -> str:
+    every = f"every {args.save_steps:g} steps" if args.save_strategy == "steps" else f"every {args.save_strategy}"
+    kept = f" (the newest {args.save_total_limit} kept)" if args.save_total_limit else ""
+    return f"{every}{kept}, into {args.output_dir}/checkpoint-N; rerun with --resume after a stop"
+
+
+def summary(trainer, metrics: dict) -> dict:
+    """The end-of-run figures: the last logged training loss, the evaluation, tokens, time, throughput and MFU."""
+    args, state = trainer.args, trainer.state
+    losses = logged_entries(state.log_history, "loss")
+    throughput = trainer.throughput.run_figures(args)
+    figures = {
+        "hardware": hardware(args),
+        "precision": _precision(args),
+        "steps": state.global_step,
+        "tokens_seen": state.num_input_tokens_seen,
+        "final_train_loss": losses[-1]["loss"] if losses else None,
+        "final_train_loss_step": losses[-1]["step"] if losses else None,
+        "mean_train_loss": metrics.get("train_loss"),
+        "wall_seconds": metrics.get("train_runtime"),
+        "tokens_per_second": throughput.get("tokens_per_second"),  # while training: evaluations and saves left out
+        "eval": {key: value for key, value in metrics.items() if key.startswith("eval_")},
+        "output_dir": str(args.output_dir),
+    }
+    if "mfu_percent" in throughput:
+        figures["mfu_percent"] = throughput["mfu_percent"]
+    return figures
+
+
+def describe_summary(figures: dict, written: list[str]) -> str:
+    """The end-of-run block."""
+    lines = ["== scalevec-train: done =="]
+    if figures["wall_seconds"] is not None:
+        speed = f"{figures['tokens_per_second']:,.0f} tokens/s" if figures["tokens_per_second"] else "speed unknown"
+        mfu = f", MFU {figures['mfu_percent']:.1f} %" if "mfu_percent" in figures else ""
+        lines.append(
+            f"trained      {figures['steps']:,} steps, {figures['tokens_seen']:,} tokens in "
+            f"{duration_text(figures['wall_seconds'])} on {figures['hardware']} ({figures['precision']}): {speed}{mfu}"
+        )
+    if figures["final_train_loss"] is not None:
+        mean = f"; the mean over the run was {figures['mean_train_loss']:.4f}" if figures["mean_train_loss"] else ""
+        lines.append(
+            f"train loss   {figures['final_train_loss']:.4f} at step {figures['final_train_loss_step']} "
+            f"(the last logged{mean})"
+        )
+    evaluation = figures["eval"]
+    if "eval_loss" in evaluation:
+        parts = [f"loss {evaluation['eval_loss']:.4f} nats per token"]
+        if "eval_perplexity" in evaluation:
+            parts.append(f"perplexity {evaluation['eval_perplexity']:.1f}")
+        if "eval_bits_per_byte" in evaluation:
+            parts.append(f"{evaluation['eval_bits_per_byte']:.3f} bits per byte")
+        lines.append(f"eval         {', '.join(parts)}")
+    else:
+        lines.append("eval         none (no held-out data)")
+    lines.append(f"written to   {figures['output_dir']}: {', '.join(written)}")
+    return "\n".join(lines)
