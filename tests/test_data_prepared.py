@@ -133,6 +133,10 @@ def test_several_processes_prepare_the_same_bytes(tokenizer, tmp_path):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
     with pytest.raises(DataError, match="already exists"):
         prepare([source], tokenizer, options, tmp_path / "one")
+    train = tmp_path / "two" / "train.bin"
+    train.write_bytes(train.read_bytes()[:-10])  # a folder copied in part, say
+    with pytest.raises(DataError, match=f"^{train}: [0-9,]+ bytes where its [0-9,]+ blocks take [0-9,]+$"):
+        PreparedBlocks(tmp_path / "two")
 
 
 def count_encodings(monkeypatch) -> list[int]:

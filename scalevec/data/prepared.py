@@ -263,6 +263,7 @@ class PreparedBlocks(torch.utils.data.Dataset):
     """The blocks of one split of a prepared folder, `{"input_ids": array of seq_len token ids}` each."""
 
     def __init__(self, folder: str | Path, split: str = "train"):
+        self._descriptor: tuple[int, int] | None = None  # (process id, file descriptor): reopened after a fork
         self.folder = Path(folder)
         self.metadata = PreparedMetadata.read(self.folder)
         if split not in self.metadata.splits:
@@ -272,9 +273,9 @@ class PreparedBlocks(torch.utils.data.Dataset):
         self.dtype = np.dtype(self.metadata.dtype)
         self.block_bytes = self.metadata.seq_len * self.dtype.itemsize
         self.num_blocks = self.metadata.splits[split].blocks
-        size = self.path.stat().st_size if self.path.exists() else 0
-        if size != self.num_blocks * self.block_bytes:
-            raise DataError(f"{self.path}: {size} bytes where {self.num_blocks} blocks need more (cut short?)")
+        size, expected = (self.path.stat().st_size if self.path.exists() else 0), self.num_blocks * self.block_bytes
+        if size != expected:
+            raise DataError(f"{self.path}: {size:,} bytes where its {self.num_blocks:,} blocks take {expected:,}")
         self._descriptor: tuple[int, int] | None = None  # (process id, file descriptor): reopened after a fork
 
     def __len__(self) -> int:
