@@ -82,7 +82,7 @@ class DataArguments:
     )
     stream_window: int = field(
         default=1000,
-        metadata={"help": "--streaming: documents packed together, whose blocks are then put in a seeded order."},
+        metadata={"help": "--streaming: documents packed together (at most 4 M characters), their blocks reordered."},
     )
     prepared_cache: str | None = field(
         default=None, metadata={"help": "Where raw --dataset data is prepared. Default: $SCALEVEC_CACHE/prepared."}

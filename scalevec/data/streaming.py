@@ -3,11 +3,11 @@
 A source's shards (files) stay visible as the shards of a `datasets.IterableDataset`, in an order seeded by the
 run's seed: each rank reads its own shards (every rank reads every shard and keeps every N-th window where the
 shard count is not a multiple of the number of ranks), and the DataLoader's workers split a rank's shards again.
-A shard's documents are read in windows of `window` documents; a window is tokenised, packed into blocks (its
-last partial block dropped) and its blocks put in a seeded order. Each window is packed on its own, so the blocks
-do not depend on which rank or worker reads them, and the position in the stream (shard, window, block) is what
-`StatefulDataLoader.state_dict` saves: resuming re-reads the documents of the current shard up to its window,
-without tokenising them, and gives the batches of the uninterrupted run.
+A shard's documents are read in windows of `window` documents (at most 4 M characters); a window is tokenised,
+packed into blocks (its last partial block dropped) and its blocks put in a seeded order. Each window is packed on
+its own, so the blocks do not depend on which rank or worker reads them, and the position in the stream (shard,
+window, block) is what `StatefulDataLoader.state_dict` saves: resuming re-reads the documents of the current shard
+up to its window, tokenising only that window, and gives the batches of the uninterrupted run.
 
 Several sources are interleaved at random in proportion to their weights (seeded, resumable). The stream
 never ends: after its last shard a rank starts again from its first, in the same order.
@@ -25,17 +25,23 @@ from .prepared import document_digest
 from .sources import Shard, Source, read_documents
 from .tokenization import DocumentEncoder, token_dtype
 
+# A window is tokenised whole before its first block is read, at the start and after a resume: this bounds that
+# wait (about a million tokens) whatever the documents' length.
+WINDOW_CHARS = 1 << 22
+
 
 def _windows(shards: list[Shard], window: int, held_out: frozenset[int]) -> Iterator[dict]:
-    """Windows of up to `window` non-empty documents of one shard at a time, held-out documents left out."""
+    """Windows of up to `window` non-empty documents (and `WINDOW_CHARS` characters) of one shard at a time,
+    held-out documents left out."""
     for shard in shards:
-        texts = []
+        texts, chars = [], 0
         for text in read_documents(shard):
             if text and (not held_out or document_digest(text) not in held_out):
                 texts.append(text)
-                if len(texts) == window:
+                chars += len(text)
+                if len(texts) == window or chars >= WINDOW_CHARS:
                     yield {"texts": texts}
-                    texts = []
+                    texts, chars = [], 0
         if texts:
             yield {"texts": texts}
 
