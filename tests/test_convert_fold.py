@@ -122,7 +122,7 @@ def test_outputs_hold_no_unfolded_scale_and_the_fields_other_readers_need(conver
         if target == "scalevec":
             assert saved["folded"] and (saved["norm_scale"], saved["linear_scale"]) == ("shared", "none")
             assert saved["auto_map"]["AutoModelForCausalLM"] == "modeling_scalevec.ScaleVecForCausalLM"
-            assert {"configuration_scalevec.py", "modeling_scalevec.py"} <= set(result.files)
+            assert {"configuration_scalevec.py", "modeling_scalevec.py", "scaled_ops.py"} <= set(result.files)
             continue
         assert saved["architectures"] == [STOCK_CLASSES[target]] and saved["model_type"] == target
         assert saved["rope_theta"] == saved["rope_parameters"]["rope_theta"]

@@ -7,8 +7,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from scalevec import ScaleVecConfig, ScaleVecForCausalLM
-from scalevec import modeling_scalevec as modeling
+from scalevec import ScaleVecConfig, ScaleVecForCausalLM, scaled_ops
 
 from ._helpers import (
     STRATEGIES,
@@ -141,20 +140,20 @@ def test_only_experts_that_receive_tokens_are_folded(monkeypatch):
     receiving = block.gate(x)[2].unique().numel()
     assert receiving <= block.experts.num_experts // 2
     selected = []
-    receiving_experts = modeling._receiving_experts
+    receiving_experts = scaled_ops.receiving_experts
 
     def recording(group_sizes):
         experts, sizes = receiving_experts(group_sizes)
         selected.append((experts.tolist(), sizes.tolist()))
         return experts, sizes
 
-    monkeypatch.setattr(modeling, "_receiving_experts", recording)
+    monkeypatch.setattr(scaled_ops, "receiving_experts", recording)
     with saved_bytes(block) as compact_saved:
         out, x_grad, grads = grads_of(block, block, x)
     assert len(selected[0][0]) == receiving and 0 not in selected[0][1]
     idle = [e for e in range(block.experts.num_experts) if e not in selected[0][0]]
     assert grads["experts.gate_up_proj"][idle].abs().sum() == 0
-    monkeypatch.setattr(modeling, "_receiving_experts", lambda group_sizes: (None, group_sizes))  # every expert
+    monkeypatch.setattr(scaled_ops, "receiving_experts", lambda group_sizes: (None, group_sizes))  # every expert
     with saved_bytes(block) as all_saved:
         all_out, all_x_grad, all_grads = grads_of(block, block, x)
     # the selection saves its index, not copies of the receiving experts' weights
