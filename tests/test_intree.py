@@ -11,12 +11,23 @@ from transformers import (
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
+from transformers.integrations.moe import ExpertsInterface
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM, ScaleVecModel
 
-from ._helpers import logits, random_ids, randomize_scales, run_without_scalevec, tiny_config, tiny_moe_config
+from ._helpers import (
+    STOCK_TINY,
+    logits,
+    random_ids,
+    randomize_scales,
+    run_without_scalevec,
+    tiny_config,
+    tiny_moe_config,
+)
 
 
 def model_of(moe: bool, **overrides) -> ScaleVecForCausalLM:
@@ -131,6 +142,33 @@ def test_experts_implementations_fold_the_scales_alike(tmp_path):
     loaded = ScaleVecForCausalLM.from_pretrained(tmp_path, experts_implementation="batched_mm").eval()
     assert loaded.config._experts_implementation == "batched_mm"
     torch.testing.assert_close(logits(loaded, ids), logits(model.eval(), ids), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm"])
+def test_an_experts_function_registered_later_is_called_as_by_qwen3_moe(implementation, monkeypatch):
+    """Kernels and transformers' own tests register their function under a name after the model code is imported:
+    the experts look it up at every call."""
+    torch.manual_seed(0)
+    models = {
+        "qwen3_moe": Qwen3MoeForCausalLM(Qwen3MoeConfig(**STOCK_TINY["qwen3_moe"])).eval(),
+        "scalevec": model_of(moe=True),
+    }
+    ids = random_ids(models["scalevec"].config)
+    expected = {}
+    for name, model in models.items():
+        model.set_experts_implementation(implementation)
+        expected[name] = logits(model, ids)
+    calls, registered = [], ExpertsInterface._global_mapping[implementation]
+
+    def replacement(experts, *args):
+        calls.append(experts.num_experts)
+        return registered(experts, *args)
+
+    monkeypatch.setitem(ExpertsInterface._global_mapping, implementation, replacement)
+    for name, model in models.items():
+        calls.clear()
+        torch.testing.assert_close(logits(model, ids), expected[name], atol=1e-6, rtol=0)
+        assert calls == [4] * model.config.num_hidden_layers, name
 
 
 HEADS = {
