@@ -718,6 +718,7 @@ def router_z_loss_func(router_logits: tuple[torch.Tensor, ...], attention_mask: 
 @auto_docstring
 class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
     _fsdp_plan = {"lm_head": "keep_full_weight"}
 
