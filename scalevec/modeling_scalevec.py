@@ -655,6 +655,8 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if kwargs.get("output_router_logits") and not self.config.num_experts:
+            raise ValueError("`output_router_logits` needs a mixture-of-experts model (`num_experts` > 0)")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and cache is None:
@@ -749,14 +751,13 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
         cache (`Cache`, *optional*):
             The keys and values of the tokens seen so far (called `past_key_values` before transformers 5.24).
         output_router_logits (`bool`, *optional*):
-            Return the router logits and the load-balancing loss (MoE only). Default: when training with labels.
+            Return the router logits and the load-balancing loss, added to the loss with labels (MoE only).
+            Defaults to `config.output_router_logits`.
         """
-        moe = self.config.num_experts > 0
-        if output_router_logits and not moe:
-            raise ValueError("`output_router_logits` needs a mixture-of-experts model (`num_experts` > 0)")
-        if output_router_logits is None:  # the router losses cost work: only where training uses them
-            output_router_logits = moe and self.config.output_router_logits and labels is not None
-        router_kwargs = {"output_router_logits": output_router_logits} if moe else {}
+        if output_router_logits is None and self.config.num_experts:
+            output_router_logits = self.config.output_router_logits
+        if output_router_logits is not None:
+            kwargs["output_router_logits"] = output_router_logits
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -764,7 +765,6 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
             cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
-            **router_kwargs,
             **kwargs,
         )
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
@@ -776,7 +776,7 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         fields = {"logits": logits, "hidden_states": outputs.hidden_states}
         fields[OUTPUT_CACHE_FIELD] = getattr(outputs, OUTPUT_CACHE_FIELD)
-        if not moe:
+        if not self.config.num_experts:
             return CausalLMOutputWithPast(loss=loss, attentions=outputs.attentions, **fields)
 
         aux_loss = None

@@ -60,10 +60,12 @@ def config_of(case: dict):
 def stock_target(config) -> str | None:
     """The one stock format that can express the folded model, if any."""
     all_moe = config.num_experts and all(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
-    if config.output_norm or config.shared_expert_intermediate_size:
+    if config.output_norm:
         return None
     if not config.num_experts:
         return "qwen3" if config.qk_norm else "llama"
+    if config.shared_expert_intermediate_size:
+        return None
     if config.qk_norm:
         return "qwen3_moe"
     return "mixtral" if all_moe and config.norm_topk_prob else None

@@ -76,19 +76,22 @@ def test_moe_router_losses_take_4d_masks(additive):
     torch.testing.assert_close(full.loss, flat.loss, atol=1e-6, rtol=0)
 
 
-def test_moe_router_losses_only_where_used():
+def test_moe_router_losses_follow_the_flag_else_the_config():
     model = model_of(moe=True)
     ids = random_ids(model.config)
     assert model.config.output_router_logits  # on by default, so that training balances the experts
     with torch.no_grad():
-        inference = model(ids)
-        training = model(ids, labels=ids)
-        asked = model(ids, output_router_logits=True)
-    assert inference.aux_loss is None and inference.router_logits is None
-    assert training.aux_loss is not None and len(training.router_logits) == model.config.num_hidden_layers
-    torch.testing.assert_close(asked.aux_loss, training.aux_loss)
-    lm_loss = model.loss_function(logits=training.logits, labels=ids, vocab_size=model.config.vocab_size)
-    torch.testing.assert_close(training.loss, lm_loss + model.config.router_aux_loss_coef * training.aux_loss)
+        inference, training = model(ids), model(ids, labels=ids)
+        off = model(ids, labels=ids, output_router_logits=False)
+    assert len(inference.router_logits) == len(training.router_logits) == model.config.num_hidden_layers
+    torch.testing.assert_close(inference.aux_loss, training.aux_loss)
+    assert off.aux_loss is None and off.router_logits is None
+    torch.testing.assert_close(training.loss, off.loss + model.config.router_aux_loss_coef * training.aux_loss)
+
+    model.config.output_router_logits = False
+    with torch.no_grad():
+        assert model(ids, labels=ids).aux_loss is None
+        torch.testing.assert_close(model(ids, output_router_logits=True).aux_loss, training.aux_loss)
 
 
 def test_moe_generate_with_a_static_cache_equals_the_dynamic_cache():
@@ -106,8 +109,9 @@ def test_dense_outputs_are_dense_and_router_flags_are_refused():
     output = model(ids, labels=ids)
     assert type(output) is CausalLMOutputWithPast and type(model.model(ids)) is BaseModelOutputWithPast
     assert not hasattr(output, "router_logits") and not hasattr(output, "aux_loss")
-    with pytest.raises(ValueError, match="output_router_logits.*mixture-of-experts"):
-        model(ids, output_router_logits=True)
+    for forward in (model, model.model):
+        with pytest.raises(ValueError, match="output_router_logits.*mixture-of-experts"):
+            forward(ids, output_router_logits=True)
     with pytest.raises(ValueError, match="output_router_logits=True.*num_experts=0"):
         tiny_config(output_router_logits=True)
     moe = model_of(moe=True)

@@ -195,6 +195,14 @@ def assert_same_as_stock(reference, model):
     torch.testing.assert_close(ours.logits[real], theirs.logits[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(ours.aux_loss, theirs.aux_loss, atol=1e-6, rtol=0)
     torch.testing.assert_close(ours.loss, theirs.loss, atol=1e-5, rtol=0)
+    # without labels: router logits and the balancing loss as `config.output_router_logits` (on) says, or the flag
+    assert model.config.output_router_logits and reference.config.output_router_logits
+    with torch.no_grad():
+        ours, theirs = model(ids, attention_mask=mask), reference(ids, attention_mask=mask)
+        ours_off, theirs_off = (m(ids, output_router_logits=False) for m in (model, reference))
+    torch.testing.assert_close(ours.aux_loss, theirs.aux_loss, atol=1e-6, rtol=0)
+    assert len(ours.router_logits) == len(theirs.router_logits) > 0
+    assert ours_off.aux_loss is theirs_off.aux_loss is None and ours_off.router_logits is theirs_off.router_logits
 
 
 def test_standard_moe_matches_mixtral():
