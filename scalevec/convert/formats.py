@@ -241,7 +241,7 @@ class Qwen3MoeFormat(StockFormat):
             return []
         return [
             "norm_topk_prob=False: transformers and vLLM match this model, but llama.cpp always renormalises the "
-            "top-k weights and will not"
+            "top-k weights, so its outputs will differ from theirs"
         ]
 
     def legacy_fields(self, stock):
