@@ -21,6 +21,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from transformers.dynamic_module_utils import get_relative_imports
 
+# The tests' tiny model (tests/_helpers.py), for the checks that compare two computations of it
+TINY_DIMS = dict(
+    vocab_size=101,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
 
 def machine() -> str:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{torch.get_num_threads()}-thread CPU"

@@ -15,19 +15,10 @@ import os
 import sys
 
 import torch
-from _common import at_revision, move_scales_off_one
+from _common import TINY_DIMS, at_revision, move_scales_off_one
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM, cpu_kernels
 
-DIMS = dict(
-    vocab_size=101,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
 STRATEGIES = list(itertools.product(("none", "shared", "branch"), ("none", "in", "out", "both"), ("direct", "magdir")))
 
@@ -66,9 +57,9 @@ def largest_differences(revision: str, kernels: bool) -> dict[str, float]:
     worst = {}
     for name, fields in cases().items():
         torch.manual_seed(0)
-        model = ScaleVecForCausalLM(ScaleVecConfig(**DIMS, **fields))
+        model = ScaleVecForCausalLM(ScaleVecConfig(**TINY_DIMS, **fields))
         move_scales_off_one(model)
-        ids = torch.randint(0, DIMS["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(0, TINY_DIMS["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(0))
         current, old = outputs(model, ids), outputs(at_revision(revision, model), ids)
         assert current.keys() == old.keys(), name
         for key, value in current.items():
