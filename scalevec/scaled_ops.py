@@ -2,8 +2,8 @@
 less time or memory, and nothing else.
 
 The contract: every function here equals the model file's plain reference — a projection's `b * proj(a * x)`, the
-fold `diag(b) W diag(a)` of its scales into its weight (`fold_scales`), a scale's `g * u / rms(u)` — up to float
-rounding. The model file imports:
+fold `diag(b) W diag(a)` of its scales into its weight (`fold` there, `fold_scales` here), a scale's `g * u / rms(u)`
+— up to float rounding. The model file imports:
 
 - `scaled_linear`: several scaled linear maps of one input in one autograd node. The scales are folded into each
   weight inside the matmul and refolded in backward, so that a scale costs no saved activation; q/k/v or gate/up run
@@ -17,9 +17,10 @@ rounding. The model file imports:
 - `sorted_group_sizes`, `forget_checked_kv_cache` and `SCALEVEC_EXPERTS_FUNCTIONS` (transformers' experts kernels on
   the folded expert weights).
 
-A module whose maps this file folds (a projection, the router, the experts) offers `scaled_maps()`: its linear maps
-as `ScaledMap`s. Ships to the Hub beside the model file and imports only `torch` and `transformers`; ScaleVec's opt-in
-CPU kernels are taken from the installed package where there is one.
+Also public, for tests and benchmarks: `fold_scales`, `fold_backward`, `receiving_experts`, `formed_scale_vectors`,
+`reuses_folded_weights`. A module whose maps this file folds (a projection, the router, the experts) offers
+`scaled_maps()`: its linear maps as `ScaledMap`s. Ships to the Hub beside the model file and imports only `torch` and
+`transformers`; ScaleVec's opt-in CPU kernels are taken from the installed package where there is one.
 """
 
 import contextlib
