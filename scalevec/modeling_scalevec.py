@@ -794,6 +794,12 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
             loss=loss, aux_loss=aux_loss, attentions=outputs.attentions, router_logits=outputs.router_logits, **fields
         )
 
+    def prepare_inputs_for_generation(self, *args, **kwargs) -> dict:
+        model_inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+        if self.config.num_experts:  # `generate` returns no router outputs: its steps skip the balancing loss
+            model_inputs.setdefault("output_router_logits", False)
+        return model_inputs
+
 
 class ScaleVecTaskHead:
     """Base of the task heads: transformers' generic heads build their base model with `AutoModel.from_config`,

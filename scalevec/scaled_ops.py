@@ -114,9 +114,9 @@ def _cpu_kernels(dtype: torch.dtype, weight, in_scale, out_scale, *others: torch
     SCALEVEC_CPU_KERNELS=1, a map with both scales (with one the eager passes are few and the kernels are no faster),
     folded in its own dtype, plain contiguous fp32 CPU tensors, outside torch.compile. None where ScaleVec itself is
     not installed (remote code) or the kernels cannot be built."""
-    if os.environ.get("SCALEVEC_CPU_KERNELS") != "1" or torch.compiler.is_compiling():
-        return None
     if in_scale is None or out_scale is None or dtype != weight.dtype:
+        return None
+    if os.environ.get("SCALEVEC_CPU_KERNELS") != "1" or torch.compiler.is_compiling():
         return None
     for tensor in (weight, in_scale, out_scale, *others):
         plain = type(tensor) in (torch.Tensor, nn.Parameter) and tensor.device.type == "cpu"
@@ -303,22 +303,27 @@ def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def _forward_maps(owner: nn.Module) -> tuple[list[ScaledMap], bool]:
-    """`owner.scaled_maps()` as this forward takes them, and whether they are folded. Without gradients: folded
-    (no scales left), computed once and kept on `owner` for the forwards that follow (`prepared_scales` checks them
-    against the parameters, and so does this function where the check before the forward cannot see them: see
+def _forward_maps(owners: Sequence[nn.Module]) -> tuple[list[list[ScaledMap]], bool]:
+    """Each owner's `scaled_maps()` as this forward takes them, and whether they are folded. Without gradients:
+    folded (no scales left), computed once and kept on the owner for the forwards that follow (`prepared_scales`
+    checks them against the parameters, and so does this function where that check cannot see them: see
     `_changed_for_its_forward`). With gradients: as they are, for `scaled_linear` to fold on the fly, and the cached
     folded weights freed, except under torch.compile, which must not touch them (a compiled forward that changed
     them would be recompiled at its next call)."""
-    if not reuses_folded_weights():
-        if not torch.compiler.is_compiling():
+    if reuses_folded_weights():
+        return [_cached_folded_maps(owner) for owner in owners], True
+    if not torch.compiler.is_compiling():
+        for owner in owners:
             owner.__dict__.pop("_folded_weights", None)
-        return owner.scaled_maps(), False
+    return [owner.scaled_maps() for owner in owners], False
+
+
+def _cached_folded_maps(owner: nn.Module) -> list[ScaledMap]:
     cached = owner.__dict__.get("_folded_weights")
     if cached is None or (_changed_for_its_forward(owner) and cached[0] != _parameters_key(owner)):
         folded = [(fold_scales(*scaled_map, scaled_map[0].dtype), None, None) for scaled_map in owner.scaled_maps()]
         cached = owner.__dict__["_folded_weights"] = (_parameters_key(owner), folded)
-    return cached[1], True
+    return cached[1]
 
 
 def _changed_for_its_forward(owner: nn.Module) -> bool:
@@ -331,10 +336,10 @@ def _changed_for_its_forward(owner: nn.Module) -> bool:
 def scaled_projections(x: torch.Tensor, owners: Sequence[nn.Module]) -> tuple[torch.Tensor, ...]:
     """Each owner's `b * (W (a * x))` for one input `x` (each owner one map): plain matmuls by the cached folded
     weights without gradients, one fused `scaled_linear` with them."""
-    maps, folded = zip(*(_forward_maps(owner) for owner in owners))
-    if all(folded):
+    maps, folded = _forward_maps(owners)
+    if folded:
         return tuple(F.linear(x, weight) for ((weight, _, _),) in maps)
-    return scaled_linear(x, [owner_maps[0] for owner_maps in maps])
+    return scaled_linear(x, [owner_map for (owner_map,) in maps])
 
 
 def expert_maps(
@@ -342,7 +347,7 @@ def expert_maps(
 ) -> tuple[list[ScaledMap], torch.Tensor | None, torch.Tensor]:
     """The experts' maps for this forward (see `_forward_maps`) and, for `scaled_linear`, which experts to fold and
     their group sizes: when folding on the fly, only the experts that receive tokens (`receiving_experts`)."""
-    maps, folded = _forward_maps(experts)
+    (maps,), folded = _forward_maps([experts])
     return (maps, None, group_sizes) if folded else (maps, *receiving_experts(group_sizes))
 
 
@@ -361,13 +366,18 @@ def receiving_experts(group_sizes: torch.Tensor) -> tuple[torch.Tensor | None, t
 def _parameters_key(owner: nn.Module) -> tuple:
     """What the cached folded weights of `owner` were computed from: every parameter below it (parametrizations and
     adapters keep theirs there) by storage and version, which an optimizer step or `load_state_dict` bumps (they
-    write in place) and `to()` replaces. Walked by hand: `parameters()`' bookkeeping costs more than the walk."""
-    parameters, modules = [], [owner]
-    while modules:
-        module = modules.pop()
-        parameters.extend(p for p in module._parameters.values() if p is not None)
-        modules.extend(child for child in module._modules.values() if child is not None)
+    write in place) and `to()` replaces."""
+    parameters = [p for module in _modules_below(owner) for p in module._parameters.values() if p is not None]
     return (parameters[0].dtype, parameters[0].device, *((p._version, p.data_ptr()) for p in parameters))
+
+
+def _modules_below(module: nn.Module) -> list[nn.Module]:
+    """`module` and every module below it, walked by hand: `modules()`' bookkeeping costs more than the walk."""
+    found, pending = [], [module]
+    while pending:
+        found.append(pending.pop())
+        pending.extend(child for child in found[-1]._modules.values() if child is not None)
+    return found
 
 
 # --- The forward's `with` block ----------------------------------------------------------------------------------
@@ -399,7 +409,7 @@ def prepared_scales(model: nn.Module, kv_cache: Cache | None) -> Iterator[None]:
 
 
 def _drop_stale_folded_weights(model: nn.Module) -> None:
-    for module in model.modules():
+    for module in _modules_below(model):
         cached = module.__dict__.get("_folded_weights")
         if cached is not None and cached[0] != _parameters_key(module):
             del module.__dict__["_folded_weights"]
@@ -435,12 +445,13 @@ def formed_scale_vectors(model: nn.Module) -> dict[nn.Module, torch.Tensor]:
         if model.training and module.__dict__.get("gradient_checkpointing"):
             return {}
         if module.__dict__.get("scale_param") == "magdir":
-            direction = module.direction
-            by_shape.setdefault((direction.shape, direction.dtype), []).append(module)
+            magnitude, direction = module.magnitude, module.direction
+            by_shape.setdefault((direction.shape, direction.dtype), []).append((module, magnitude, direction))
     formed = {}
-    for scales in by_shape.values():
-        magnitudes, directions = torch.stack([s.magnitude for s in scales]), torch.stack([s.direction for s in scales])
-        formed.update(zip(scales, scales[0].magnitude_direction(magnitudes, directions).unbind()))
+    for group in by_shape.values():
+        scales, magnitudes, directions = zip(*group)
+        vectors = scales[0].magnitude_direction(torch.stack(magnitudes), torch.stack(directions))
+        formed.update(zip(scales, vectors.unbind()))
     return formed
 
 

@@ -94,6 +94,24 @@ def test_moe_router_losses_follow_the_flag_else_the_config():
         torch.testing.assert_close(model(ids, output_router_logits=True).aux_loss, training.aux_loss)
 
 
+def test_moe_generate_skips_the_router_losses(monkeypatch):
+    from scalevec import modeling_scalevec
+
+    model = model_of(moe=True)
+    assert model.config.output_router_logits
+    computed = []
+    balancing_loss = modeling_scalevec.load_balancing_loss_func
+    monkeypatch.setattr(
+        modeling_scalevec, "load_balancing_loss_func", lambda *args: computed.append(1) or balancing_loss(*args)
+    )
+    prompt = random_ids(model.config, length=5)
+    tokens = model.generate(prompt, max_new_tokens=4, do_sample=False)
+    assert computed == []
+    model.generate(prompt, max_new_tokens=4, do_sample=False, output_router_logits=True)
+    assert len(computed) == 4  # asked for: one per forward
+    assert torch.equal(model.generate(prompt, max_new_tokens=4, do_sample=False), tokens)
+
+
 def test_moe_generate_with_a_static_cache_equals_the_dynamic_cache():
     model = model_of(moe=True)
     prompt = random_ids(model.config, length=5)
