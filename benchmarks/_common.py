@@ -153,7 +153,12 @@ def modeling_at(revision: str) -> ModuleType:
             path.write_text(subprocess.run(show, cwd=root, capture_output=True, text=True, check=True).stdout)
             pending.extend(get_relative_imports(path))
     sys.path.insert(0, str(folder.parent))
-    return importlib.import_module(f"{package}.modeling_scalevec")
+    modeling = importlib.import_module(f"{package}.modeling_scalevec")
+    # registered as the package registers its own classes, which transformers then treats as remote code (generate
+    # inspects the forward of such a model at every step): the same work on both sides
+    for auto_class, reference in modeling.AUTO_MAP.items():
+        getattr(modeling, reference.split(".")[-1]).register_for_auto_class(auto_class)
+    return modeling
 
 
 def at_revision(revision: str, model: torch.nn.Module) -> torch.nn.Module:
