@@ -81,7 +81,7 @@ def main() -> int:
         print(f"\nCPU kernels {'on' if kernels else 'off'}, {len(cases())} models, against {args.against}:")
         for kind, (difference, where) in largest_differences(args.against, kernels).items():
             failed |= difference > args.tolerance
-            print(f"  {kind:<22} max |difference| {difference:.1e}  ({where})")
+            print(f"  {kind:<26} max |difference| {difference:.1e}  ({where})")
     return 1 if failed else 0
 
 
