@@ -1,15 +1,36 @@
-"""Shared benchmark machinery: interleaved timing with medians, and the exact peak of live tensor memory."""
+"""Shared benchmark machinery: interleaved timing with medians, the exact peak of live tensor memory, and the model
+code of a git revision imported beside the current one."""
 
+import functools
+import importlib
 import platform
+import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from datetime import date
+from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from transformers.dynamic_module_utils import get_relative_imports
+
+# The tests' tiny model (tests/_helpers.py), for the checks that compare two computations of it
+TINY_DIMS = dict(
+    vocab_size=101,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 
 
 def machine() -> str:
@@ -130,3 +151,44 @@ def training_step(
         model.zero_grad(set_to_none=True)
 
     return step
+
+
+@functools.cache
+def modeling_at(revision: str) -> ModuleType:
+    """`scalevec/modeling_scalevec.py` as it was at a git revision, with the files it imports relatively (what ships
+    to the Hub), imported as a package of their own beside the current code."""
+    root = Path(__file__).parents[1]
+    package = "scalevec_at_" + re.sub(r"\W", "_", revision)
+    folder = Path(tempfile.mkdtemp()) / package
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    pending = ["modeling_scalevec"]
+    while pending:
+        path = folder / f"{pending.pop()}.py"
+        if not path.exists():
+            show = ["git", "show", f"{revision}:scalevec/{path.name}"]
+            path.write_text(subprocess.run(show, cwd=root, capture_output=True, text=True, check=True).stdout)
+            pending.extend(get_relative_imports(path))
+    sys.path.insert(0, str(folder.parent))
+    modeling = importlib.import_module(f"{package}.modeling_scalevec")
+    # registered as the package registers its own classes, which transformers then treats as remote code (generate
+    # inspects the forward of such a model at every step): the same work on both sides
+    for auto_class, reference in modeling.AUTO_MAP.items():
+        getattr(modeling, reference.split(".")[-1]).register_for_auto_class(auto_class)
+    return modeling
+
+
+def at_revision(revision: str, model: torch.nn.Module) -> torch.nn.Module:
+    """`model` (a ScaleVecForCausalLM) as the model code of a git revision builds it, with the same weights."""
+    modeling = modeling_at(revision)
+    fields = model.config.to_diff_dict() | {"attn_implementation": model.config._attn_implementation}
+    twin = modeling.ScaleVecForCausalLM(modeling.ScaleVecConfig(**fields))
+    twin.load_state_dict(model.state_dict())
+    return twin.train(model.training)
+
+
+def split_revision(name: str) -> tuple[str, str | None]:
+    """ "unified @ 3d87363" -> ("unified", "3d87363"); "unified" -> ("unified", None): a model name in a benchmark's
+    `--against` runs."""
+    model, _, revision = name.partition(" @ ")
+    return model, revision or None

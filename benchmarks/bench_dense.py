@@ -1,7 +1,8 @@
 """Dense step time and peak memory: stock Llama vs ScaleVec none / standard / unified, and the per-site choice
-between folding scales into the weight on the fly and applying them to the activation.
+between folding scales into the weight on the fly and applying them to the activation. `--against REVISION` adds
+each ScaleVec model as that git revision's model code computes it, in the same interleaved run.
 
-    python benchmarks/bench_dense.py [--repetitions 7] [--quick]
+    python benchmarks/bench_dense.py [--repetitions 7] [--against REVISION]
 """
 
 import argparse
@@ -10,12 +11,12 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from _common import interleaved_medians, machine, peak_memory, today
+from _common import at_revision, interleaved_medians, machine, peak_memory, split_revision, today
 from _common import training_step as common_training_step
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM
-from scalevec.modeling_scalevec import scaled_linear
+from scalevec.scaled_ops import scaled_linear
 
 DIMS = dict(
     vocab_size=8192,
@@ -34,7 +35,9 @@ def build_model(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if name == "llama":
         return LlamaForCausalLM(LlamaConfig(**DIMS, attn_implementation="sdpa"))
-    return ScaleVecForCausalLM(ScaleVecConfig(**DIMS, scale_preset=name, attn_implementation="sdpa"))
+    preset, revision = split_revision(name)
+    model = ScaleVecForCausalLM(ScaleVecConfig(**DIMS, scale_preset=preset, attn_implementation="sdpa"))
+    return model if revision is None else at_revision(revision, model)
 
 
 def training_step(name: str) -> Callable[[], None]:
@@ -61,7 +64,7 @@ def site_variants(tokens: int, hidden: int = DIMS["hidden_size"]) -> dict[str, C
         return F.linear(x, torch.cat([w * b[:, None] * a[None, :] for w, a, b in zip(weights, alphas, betas)]))
 
     def custom_fold():
-        return torch.cat(scaled_linear(x, weights, alphas, betas), dim=-1)
+        return torch.cat(scaled_linear(x, list(zip(weights, alphas, betas))), dim=-1)
 
     return {"activation": activation, "autograd fold": autograd_fold, "fold (ours)": custom_fold}
 
@@ -91,14 +94,14 @@ def site_table(repetitions: int) -> list[str]:
     return rows
 
 
-def model_table(repetitions: int) -> list[str]:
-    times = interleaved_medians({name: training_step(name) for name in MODELS}, repetitions)
-    memory = {name: peak_memory(lambda name=name: training_step(name)) for name in MODELS}
+def model_table(repetitions: int, models: list[str]) -> list[str]:
+    times = interleaved_medians({name: training_step(name) for name in models}, repetitions)
+    memory = {name: peak_memory(lambda name=name: training_step(name)) for name in models}
     rows = [
         "| model | step s | peak MiB | time / llama | time / standard | memory / llama | memory / standard |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in MODELS:
+    for name in models:
         rows.append(
             f"| {name} | {times[name]:.3f} | {memory[name] / 2**20:.0f} | {times[name] / times['llama']:.3f} | "
             f"{times[name] / times['standard']:.3f} | {memory[name] / memory['llama']:.3f} | "
@@ -110,10 +113,12 @@ def model_table(repetitions: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repetitions", type=int, default=7)
+    parser.add_argument("--against", metavar="REVISION", help="also each ScaleVec model at this git revision")
     args = parser.parse_args()
+    models = [*MODELS, *(f"{name} @ {args.against}" for name in MODELS[1:] if args.against)]
     print(f"## Dense step ({today()}, {machine()})\n")
     print(f"dims {DIMS}, batch {BATCH} x {SEQ} tokens, AdamW, fp32, sdpa, median of {args.repetitions} interleaved\n")
-    print("\n".join(model_table(args.repetitions)))
+    print("\n".join(model_table(args.repetitions, models)))
     print("\nPer-site choice (q/k/v with branch + row scales):\n")
     print("\n".join(site_table(args.repetitions * 3)))
 

@@ -31,25 +31,21 @@ revision beside the current one, in the same process.
 import argparse
 import contextlib
 import ctypes
-import importlib.util
 import os
 import resource
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from unittest import mock
 
 import torch
-from _common import interleaved_medians, interleaved_times, machine, today
+from _common import at_revision, interleaved_medians, interleaved_times, machine, today
 from _common import training_step as common_training_step
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scalevec import ScaleVecConfig, ScaleVecForCausalLM, cpu_kernels
-from scalevec import modeling_scalevec as modeling
+from scalevec import ScaleVecConfig, ScaleVecForCausalLM, cpu_kernels, scaled_ops
 
 SEQ = 256
 DENSE = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4)
@@ -108,13 +104,7 @@ def weight_passes(model: ScaleVecForCausalLM) -> int:
     """Sum over the folded linear maps of (passes per step) x (weight elements)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, modeling.ScaleVecScaledMap):
-            parts = [(module.weight, *module.scales())]
-        elif isinstance(module, modeling.ScaleVecExperts):
-            parts = module.parts()
-        else:
-            continue
-        for weight, in_scale, out_scale in parts:
+        for weight, in_scale, out_scale in module.scaled_maps() if hasattr(module, "scaled_maps") else []:
             scales = (in_scale is not None) + (out_scale is not None)
             total += (0, 5, 9)[scales] * weight.numel()
     return total
@@ -179,19 +169,21 @@ def profile_table(shape: str, tokens: int) -> str:
 
 @contextlib.contextmanager
 def replaced(**functions):
-    """modeling's functions of these names replaced for the duration (timing only)."""
-    saved = {name: getattr(modeling, name) for name in functions}
+    """scaled_ops' functions of these names replaced for the duration (timing only)."""
+    saved = {name: getattr(scaled_ops, name) for name in functions}
     for name, function in functions.items():
-        setattr(modeling, name, function)
+        setattr(scaled_ops, name, function)
     try:
         yield
     finally:
         for name, function in saved.items():
-            setattr(modeling, name, function)
+            setattr(scaled_ops, name, function)
 
 
-def _no_scale_grads(grad, weight, in_scale, out_scale):
-    return grad, *(None if scale is None else torch.zeros_like(scale) for scale in (in_scale, out_scale))
+def _without_scale_grads(grad, weight, in_scale, out_scale, dtype, refold):
+    """`fold_backward` with its refold and no scale-gradient passes (zeros instead)."""
+    folded = scaled_ops.fold_scales(weight, in_scale, out_scale, dtype) if refold else None
+    return folded, (grad, *(None if scale is None else torch.zeros_like(scale) for scale in (in_scale, out_scale)))
 
 
 def _variant(
@@ -203,7 +195,7 @@ def _variant(
     fixed_vectors: bool = False,
     **functions,
 ):
-    """The training step with `functions` replaced in modeling, the CPU kernels on or off, the scale parameters in
+    """The training step with `functions` replaced in scaled_ops, the CPU kernels on or off, the scale parameters in
     AdamW or left out of it, and the magnitude-direction vectors formed each step or fixed (formed once, detached)."""
     model = build(shape, preset)
     scales = {name for names in model.scale_vector_roles().values() for name in names}
@@ -211,7 +203,7 @@ def _variant(
     if fixed_vectors:
         magdir = [module for module in model.modules() if getattr(module, "scale_param", None) == "magdir"]
         fixed = {scale: scale.vector().detach() for scale in magdir}
-        functions["_formed_scale_vectors"] = lambda _: fixed
+        functions["formed_scale_vectors"] = lambda _: fixed
     step = model_step(model, tokens, optimized)
 
     def run():
@@ -226,22 +218,23 @@ def without_passes(shape: str, tokens: int, repetitions: int) -> str:
     no-op (wrong numbers, timing only) — the fold in forward, the refold in backward, the scale gradients, or all
     three — and with all of them made by the fused CPU kernels instead (where they build). Then what is left with
     none of them: the scale parameters left out of AdamW, and the vectors fixed (neither formed nor optimized)."""
-    fold = modeling._effective_weight
+    fold = scaled_ops.fold_scales
 
-    def fold_except_in(skipped: str):
+    def fold_except_in(*skipped: str):
         def folding(weight, in_scale, out_scale, dtype):
-            caller = sys._getframe(1).f_code.co_name  # the fused function's forward or backward
-            return weight if caller == skipped else fold(weight, in_scale, out_scale, dtype)
+            caller = sys._getframe(1).f_code.co_name  # the fused function's forward, or its backward's refold
+            return weight if caller in skipped else fold(weight, in_scale, out_scale, dtype)
 
         return folding
 
-    no_passes = dict(_effective_weight=lambda weight, *_: weight, _scale_grads=_no_scale_grads)
+    no_passes = dict(fold_scales=lambda weight, *_: weight, fold_backward=_without_scale_grads)
+    no_refold = fold_except_in("backward", "fold_backward")
     variants = {
         "standard": _variant(shape, tokens, "standard"),
         "unified": _variant(shape, tokens, "unified"),
-        "no fold in forward": _variant(shape, tokens, "unified", _effective_weight=fold_except_in("forward")),
-        "no refold in backward": _variant(shape, tokens, "unified", _effective_weight=fold_except_in("backward")),
-        "no scale-gradient passes": _variant(shape, tokens, "unified", _scale_grads=_no_scale_grads),
+        "no fold in forward": _variant(shape, tokens, "unified", fold_scales=fold_except_in("forward")),
+        "no refold in backward": _variant(shape, tokens, "unified", fold_scales=no_refold),
+        "no scale-gradient passes": _variant(shape, tokens, "unified", fold_backward=_without_scale_grads),
         "none of them": _variant(shape, tokens, "unified", **no_passes),
         "none, scales not in AdamW": _variant(shape, tokens, "unified", optimize_scales=False, **no_passes),
         "none, vectors fixed": _variant(shape, tokens, "unified", fixed_vectors=True, **no_passes),
@@ -257,7 +250,7 @@ def passes_in_step(shape: str, tokens: int, repetitions: int) -> str:
     per step): the fold in forward and the backward's refold + scale gradients, eager and with the fused CPU kernels
     (where they build), in alternate steps. In a step the weights come cold from L3 after the matmuls, so these
     differ from the passes timed alone."""
-    fold, refold_and_grads = modeling._effective_weight, modeling._refold_and_scale_grads
+    fold, refold_and_grads = scaled_ops.fold_scales, scaled_ops.fold_backward
     variants = {"eager": False, "CPU kernels": True} if cpu_kernels.load() is not None else {"eager": False}
     times = {name: defaultdict(list) for name in variants}
 
@@ -274,8 +267,8 @@ def passes_in_step(shape: str, tokens: int, repetitions: int) -> str:
         return run
 
     def variant(name: str, kernels: bool):
-        timed_passes = dict(_effective_weight=timed("fold", fold, name))
-        timed_passes["_refold_and_scale_grads"] = timed("backward", refold_and_grads, name)
+        timed_passes = dict(fold_scales=timed("fold", fold, name))
+        timed_passes["fold_backward"] = timed("backward", refold_and_grads, name)
         return _variant(shape, tokens, "unified", kernels=kernels, **timed_passes)
 
     interleaved_times({name: variant(name, kernels) for name, kernels in variants.items()}, repetitions)
@@ -293,27 +286,10 @@ def passes_in_step(shape: str, tokens: int, repetitions: int) -> str:
     return "\n".join(lines)
 
 
-def previous_modeling(revision: str):
-    """`scalevec/modeling_scalevec.py` as it was at a git revision, imported beside the current one."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    show = ["git", "show", f"{revision}:scalevec/modeling_scalevec.py"]
-    source = subprocess.run(show, cwd=root, capture_output=True, text=True, check=True).stdout
-    path = os.path.join(tempfile.mkdtemp(), "previous_modeling_scalevec.py")
-    with open(path, "w") as file:
-        file.write(source.replace("\nfrom .", "\nfrom scalevec."))
-    spec = importlib.util.spec_from_file_location("previous_modeling_scalevec", path)
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # inspect finds its classes' source
-    spec.loader.exec_module(module)
-    return module
-
-
 def against_revision(shape: str, tokens: int, revision: str, repetitions: int) -> str:
     """Unified's step with the current code and with the code of `revision`, side by side, against standard's."""
-    previous = previous_modeling(revision)
     steps = training_steps(shape, tokens)
-    torch.manual_seed(0)
-    model = previous.ScaleVecForCausalLM(build(shape, "unified").config)
-    steps[f"unified at {revision}"] = model_step(model, tokens)
+    steps[f"unified at {revision}"] = model_step(at_revision(revision, build(shape, "unified")), tokens)
     times = interleaved_medians(steps, repetitions)
     return " / ".join(f"{name} {seconds / times['standard']:.3f}" for name, seconds in times.items())
 
@@ -322,7 +298,7 @@ def receiving_experts(repetitions: int) -> str:
     """Training steps of 16 tokens on a 64-expert top-2 MoE (at most 32 experts receive tokens): folding only the
     receiving experts against folding all of them, unified."""
     steps = {}
-    every_expert = dict(_receiving_experts=lambda group_sizes: (None, group_sizes))
+    every_expert = dict(receiving_experts=lambda group_sizes: (None, group_sizes))
     for name, functions in (("all experts", every_expert), ("receiving only", {})):
         step = preset_step("moe", 16, "unified", num_experts=64)
 

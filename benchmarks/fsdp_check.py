@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _common import TINY_DIMS
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
@@ -27,16 +28,7 @@ from scalevec import ScaleVecConfig, ScaleVecForCausalLM
 from scalevec.train.distributed import apply_fsdp, full_state_dict
 from scalevec.train.optim import DecayConfig, MuonAdamW, newton_schulz, parameter_groups
 
-TINY = dict(
-    scale_preset="unified",
-    vocab_size=101,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+TINY = dict(TINY_DIMS, scale_preset="unified")
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, output_router_logits=False)
 CASES = [(model, optimizer) for model in ("dense", "moe") for optimizer in ("adamw", "muon")]
 ROWS_PER_RANK, SEQ_LEN, LR = 2, 16, 1e-2

@@ -1,7 +1,7 @@
 """Tensor and expert parallelism on CPU: each checkpoint loaded with `tp_plan="auto"` (and the MoE with its experts
 sharded too, `ep_size` = N) in N gloo processes gives the logits of the unsharded model. Without `--worker` it
-saves tiny ScaleVec checkpoints (standard with QK-norm, unified dense, unified MoE; scales moved away from 1) and
-launches the workers with torchrun.
+saves tiny ScaleVec checkpoints (standard with QK-norm, unified dense, unified with tied embeddings, unified MoE;
+scales moved away from 1) and a tied Llama beside them, and launches the workers with torchrun.
 
     python benchmarks/tp_check.py [--nproc 2] [--json report.json]
 """
@@ -20,6 +20,7 @@ from _common import move_scales_off_one
 CASES = {
     "standard-qk-norm": dict(scale_preset="standard", qk_norm=True),
     "unified": dict(scale_preset="unified"),
+    "unified-tied": dict(scale_preset="unified", tie_word_embeddings=True),
     "unified-moe": dict(scale_preset="unified", num_experts=4, moe_intermediate_size=16, mlp_only_layers=[0]),
 }
 DIMS = dict(
@@ -28,6 +29,8 @@ DIMS = dict(
 
 
 def save_cases(root: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     from scalevec import ScaleVecConfig, ScaleVecForCausalLM
 
     for name, fields in CASES.items():
@@ -35,6 +38,9 @@ def save_cases(root: Path) -> None:
         model = ScaleVecForCausalLM(ScaleVecConfig(**DIMS, num_key_value_heads=2, **fields))
         move_scales_off_one(model)
         model.save_pretrained(root / name)
+    LlamaForCausalLM(LlamaConfig(**DIMS, num_key_value_heads=2, tie_word_embeddings=True)).save_pretrained(
+        root / "llama-tied"
+    )
 
 
 def local_rows(tensor: torch.Tensor) -> int:
@@ -54,7 +60,7 @@ def worker(root: Path, report: Path) -> None:
     dist.init_process_group("gloo")
     ids = torch.randint(0, DIMS["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(0))
     size = dist.get_world_size()
-    plans = {name: DistributedConfig(tp_plan="auto") for name in CASES}
+    plans = {name: DistributedConfig(tp_plan="auto") for name in [*CASES, "llama-tied"]}
     plans["unified-moe-expert-parallel"] = DistributedConfig(tp_size=size, ep_size=size)
     rows = {}
     for name, plan in plans.items():

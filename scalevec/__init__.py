@@ -2,36 +2,21 @@
 
 import importlib.util
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
+import transformers
 
+from . import modeling_scalevec
 from .configuration_scalevec import ScaleVecConfig
-from .modeling_scalevec import (
-    ScaleVecForCausalLM,
-    ScaleVecForQuestionAnswering,
-    ScaleVecForSequenceClassification,
-    ScaleVecForTokenClassification,
-    ScaleVecModel,
-    ScaleVecPreTrainedModel,
-)
+from .modeling_scalevec import *  # noqa: F403
 
-AutoConfig.register(ScaleVecConfig.model_type, ScaleVecConfig)
+__all__ = ["ScaleVecConfig", *modeling_scalevec.__all__]
+
+transformers.AutoConfig.register(ScaleVecConfig.model_type, ScaleVecConfig)
 ScaleVecConfig.register_for_auto_class()
-for auto_class, model_class in (
-    (AutoModel, ScaleVecModel),
-    (AutoModelForCausalLM, ScaleVecForCausalLM),
-    (AutoModelForSequenceClassification, ScaleVecForSequenceClassification),
-    (AutoModelForTokenClassification, ScaleVecForTokenClassification),
-    (AutoModelForQuestionAnswering, ScaleVecForQuestionAnswering),
-):
-    auto_class.register(ScaleVecConfig, model_class)
-    model_class.register_for_auto_class(auto_class.__name__)
+for auto_name, reference in modeling_scalevec.AUTO_MAP.items():
+    if auto_name != "AutoConfig":  # the Auto classes of `save_pretrained`'s folders, each with its model class
+        model_class = getattr(modeling_scalevec, reference.removeprefix("modeling_scalevec."))
+        getattr(transformers, auto_name).register(ScaleVecConfig, model_class)
+        model_class.register_for_auto_class(auto_name)
 
 
 def _register_peft_defaults() -> None:
@@ -44,13 +29,3 @@ def _register_peft_defaults() -> None:
 
 
 _register_peft_defaults()
-
-__all__ = [
-    "ScaleVecConfig",
-    "ScaleVecForCausalLM",
-    "ScaleVecForQuestionAnswering",
-    "ScaleVecForSequenceClassification",
-    "ScaleVecForTokenClassification",
-    "ScaleVecModel",
-    "ScaleVecPreTrainedModel",
-]

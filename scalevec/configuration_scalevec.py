@@ -33,6 +33,19 @@ SCALE_PRESETS = {
     "standard": {"norm_scale": "shared", "linear_scale": "none", "scale_param": "direct"},
     "unified": {"norm_scale": "branch", "linear_scale": "both", "scale_param": "magdir"},
 }
+# The mixture-of-experts fields and their defaults. Only a MoE config (`num_experts` > 0) has them: a dense config
+# looks like a dense in-tree one (Llama's) to libraries that tell MoE models by `hasattr(config, ...)`.
+MOE_DEFAULTS = {
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": None,  # intermediate_size
+    "norm_topk_prob": True,
+    "shared_expert_intermediate_size": 0,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": (),
+    "router_aux_loss_coef": 0.001,
+    "router_z_loss_coef": 0.0,
+    "output_router_logits": True,  # on by default, so that training balances the experts
+}
 
 
 def _check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -59,14 +72,14 @@ class ScaleVecConfig(PreTrainedConfig):
         linear_scale (`str`): `"none"`, `"in"`, `"out"` or `"both"`: column and/or row scales around the linear maps
             inside blocks, so that `o_proj` and `down_proj` are preconditioned too.
         scale_param (`str`): `"direct"` or `"magdir"` (every scale is `g * u / rms(u)`).
-        output_norm (`bool`): normalise each branch output before the residual add, with an output-role scale.
+        output_norm (`bool`): normalise the attention and MLP outputs before the residual add, with output-role scales.
         qk_norm (`bool`): per-head RMSNorm on queries and keys, with output-role scales (as Qwen3).
         folded (`bool`): the checkpoint's input-role scales were folded into its matrices (inference form).
 
-    Mixture-of-experts fields (`num_experts=0` is a dense model): `num_experts`, `num_experts_per_tok`,
-    `moe_intermediate_size`, `norm_topk_prob`, `shared_expert_intermediate_size` (0: none), `decoder_sparse_step`,
-    `mlp_only_layers`, `router_aux_loss_coef`, `router_z_loss_coef`, `output_router_logits` (defaults to on for
-    MoE models, so that training balances the experts).
+    Mixture-of-experts fields (`num_experts=0` is a dense model, whose config has none of the others):
+    `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`,
+    `shared_expert_intermediate_size` (0: none), `decoder_sparse_step`, `mlp_only_layers`, `router_aux_loss_coef`,
+    `router_z_loss_coef`, `output_router_logits` (defaults to on, so that training balances the experts).
     """
 
     model_type = "scalevec"
@@ -120,15 +133,6 @@ class ScaleVecConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
 
     num_experts: int = 0
-    num_experts_per_tok: int = 2
-    moe_intermediate_size: int | None = None
-    norm_topk_prob: bool = True
-    shared_expert_intermediate_size: int = 0
-    decoder_sparse_step: int = 1
-    mlp_only_layers: list[int] | None = None
-    router_aux_loss_coef: float = 0.001
-    router_z_loss_coef: float = 0.0
-    output_router_logits: bool | None = None
 
     scale_preset: str = "unified"
     norm_scale: str | None = None
@@ -141,7 +145,7 @@ class ScaleVecConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         self._resolve_scale_fields()
         self._resolve_attention_fields()
-        self._resolve_moe_fields()
+        self._resolve_moe_fields(kwargs)
         rope_theta = kwargs.get("rope_theta")
         if rope_theta is not None and (self.rope_parameters or {}).get("rope_theta", rope_theta) != rope_theta:
             raise ValueError(
@@ -197,16 +201,21 @@ class ScaleVecConfig(PreTrainedConfig):
         if self.head_dim % 2:
             raise ValueError(f"`head_dim` must be even for rotary embeddings; got {self.head_dim}.")
 
-    def _resolve_moe_fields(self) -> None:
+    def _resolve_moe_fields(self, kwargs: dict) -> None:
+        """Take the MoE fields out of `kwargs`: set on a MoE config, dropped from a dense one (older dense
+        checkpoints saved them with their defaults)."""
+        if "num_local_experts" in kwargs:  # Mixtral's name, an alias
+            self.num_experts = kwargs.pop("num_local_experts")
+        given = {field: kwargs.pop(field) for field in MOE_DEFAULTS if field in kwargs}
         if self.num_experts < 0:
             raise ValueError(f"`num_experts` must be 0 (dense) or positive; got {self.num_experts}.")
-        self.mlp_only_layers = [] if self.mlp_only_layers is None else list(self.mlp_only_layers)
-        if self.output_router_logits is None:
-            self.output_router_logits = self.num_experts > 0
         if not self.num_experts:
-            if self.output_router_logits:
+            if given.get("output_router_logits"):
                 raise ValueError("`output_router_logits=True` needs experts; this config is dense (`num_experts=0`).")
             return
+        for field, default in MOE_DEFAULTS.items():
+            setattr(self, field, default if given.get(field) is None else given[field])
+        self.mlp_only_layers = list(self.mlp_only_layers)
         if self.moe_intermediate_size is None:
             self.moe_intermediate_size = self.intermediate_size
         _check_positive(

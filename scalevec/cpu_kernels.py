@@ -7,12 +7,11 @@ weight gradient thirteen. These kernels make one pass each, two and four streams
 W's gradient and returns both scale gradients.
 
 Built on first use with the system's C++ compiler and ninja (`torch.utils.cpp_extension.load_inline`, cached under
-`TORCH_EXTENSIONS_DIR`, about 20 s on two cores), as DeepSpeed builds its CPU Adam; they run on PyTorch's own
-intra-op threads. Where they cannot be built a warning says so and the eager path runs. Tensors: fp32, contiguous,
-on CPU, maps with both scales; the weight viewed as (B, out, in), the scales as (B, in) and (B, out). Inside a
-training step they pay off where the weights are large (MoE expert stacks: 7.7 -> 6.3 ms of passes per 1k-token step
-on 2 cores) and not on small dense maps, whose cost there is reading the weight cold, not the sweeps
-(benchmarks/RESULTS.md).
+`TORCH_EXTENSIONS_DIR`), as DeepSpeed builds its CPU Adam; they run on PyTorch's own intra-op threads. Where they
+cannot be built a warning says so and the eager path runs. `scaled_ops.py` calls them for fp32, contiguous CPU tensors
+of maps with both scales; the weight viewed as (B, out, in), the scales as (B, in) and (B, out). Inside a training
+step they pay off where the weights are large (MoE expert stacks) and not on small dense maps, whose cost there is
+reading the weight cold, not the sweeps (benchmarks/RESULTS.md has the measurements).
 """
 
 import functools

@@ -1,17 +1,14 @@
 """ScaleVec: a Llama-style decoder (dense or mixture-of-experts) with every scale-vector strategy of
 "Negligible in Size, Significant in Effect: On Scale Vectors in Large Language Models" (arXiv 2605.26895).
 
-Ships to the Hub beside `configuration_scalevec.py`: imports only `torch`, `transformers` and that file.
+This file says what the model computes. `scaled_ops.py` beside it computes the same faster (the scales folded into
+the weights inside fused matmuls, folded weights cached for inference); both ship to the Hub with
+`configuration_scalevec.py` and import only `torch`, `transformers` and each other.
 """
 
-import contextlib
-import contextvars
 import functools
 import inspect
-import os
-import weakref
-from collections.abc import Callable, Iterator, Sequence
-from types import ModuleType
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +18,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, use_experts_implementation
+from transformers.integrations.moe import use_experts_implementation
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import (
     GenericForQuestionAnswering,
@@ -45,6 +42,16 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_scalevec import ScaleVecConfig
+from .scaled_ops import (
+    SCALEVEC_EXPERTS_FUNCTIONS,
+    ScaledMap,
+    expert_maps,
+    forget_checked_kv_cache,
+    prepared_scales,
+    scaled_linear,
+    scaled_projections,
+    sorted_group_sizes,
+)
 
 # --- Compatibility: transformers 5.19 to 5.23 call the cache `past_key_values` everywhere (5.24 renamed it) -----
 OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -91,6 +98,8 @@ class ScaleVecScale(nn.Module):
     initialised so that the vector is all ones. `scale_param=None` holds no parameter: the scale is fixed at 1.
     """
 
+    formed: torch.Tensor | None = None  # the vector as `prepared_scales` formed it for the running forward, if it did
+
     def __init__(self, shape: Sequence[int], scale_param: str | None, role: str):
         super().__init__()
         self.role = role
@@ -101,43 +110,16 @@ class ScaleVecScale(nn.Module):
         elif scale_param == "direct":
             self.weight = nn.Parameter(torch.ones(*shape))
 
+    @staticmethod
+    def magnitude_direction(magnitude: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+        """`g * u / rms(u)` over the last dimension, the per-vector factor formed first (three small ops, not five)."""
+        norm = torch.linalg.vector_norm(direction, dim=-1, keepdim=True)
+        return direction * (magnitude * direction.shape[-1] ** 0.5 / norm)
+
     def vector(self) -> torch.Tensor | None:
         if self.scale_param == "magdir":
-            formed = None if torch.compiler.is_compiling() else _FORMED_SCALE_VECTORS.get()  # dynamo cannot read it
-            vector = formed.get(self) if formed is not None else None
-            return _magnitude_direction(self.magnitude, self.direction) if vector is None else vector
+            return self.magnitude_direction(self.magnitude, self.direction) if self.formed is None else self.formed
         return self.weight if self.scale_param == "direct" else None
-
-
-def _magnitude_direction(magnitude: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
-    """`g * u / rms(u)` over the last dimension, the per-vector factor formed first (three small ops, not five)."""
-    norm = torch.linalg.vector_norm(direction, dim=-1, keepdim=True)
-    return direction * (magnitude * direction.shape[-1] ** 0.5 / norm)
-
-
-# The magnitude-direction vectors of a training forward, formed at its start (see `_formed_scale_vectors`)
-_FORMED_SCALE_VECTORS = contextvars.ContextVar("scalevec_formed_scale_vectors", default=None)
-
-
-def _formed_scale_vectors(model: "ScaleVecModel") -> dict[ScaleVecScale, torch.Tensor] | None:
-    """Every magnitude-direction vector of `model`, formed at once and stacked by shape: a few recorded ops for the
-    whole model instead of a dozen per vector (1.5 -> 0.6 ms per step for the 49 vectors of a 4-layer model,
-    forward and backward). Only for a forward with gradients whose layers read their parameters now: not under
-    gradient checkpointing (the recomputed layers must record what the first pass did), torch.distributed (FSDP
-    gathers each layer's parameters when it runs) or torch.compile (which fuses the small ops itself)."""
-    checkpointing = model.training and any(layer.gradient_checkpointing for layer in model.layers)
-    if not torch.is_grad_enabled() or checkpointing or _distributed() or torch.compiler.is_compiling():
-        return None
-    by_shape = {}
-    for scale in model.modules():
-        if isinstance(scale, ScaleVecScale) and scale.scale_param == "magdir":
-            magnitude, direction = scale.magnitude, scale.direction
-            by_shape.setdefault((direction.shape, direction.dtype), []).append((scale, magnitude, direction))
-    formed = {}
-    for group in by_shape.values():
-        scales, magnitudes, directions = zip(*group)
-        formed.update(zip(scales, _magnitude_direction(torch.stack(magnitudes), torch.stack(directions)).unbind()))
-    return formed
 
 
 class ScaleVecRMSNorm(ScaleVecScale):
@@ -152,247 +134,6 @@ class ScaleVecRMSNorm(ScaleVecScale):
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
         scale = self.vector()
         return hidden_states.to(input_dtype) if scale is None else scale * hidden_states.to(input_dtype)
-
-
-# --- Kernels: scaled matmuls with the scales folded into the weights, grouped GEMMs for experts --------------------
-
-
-def _group_sizes(sorted_groups: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Rows per group of a sorted group index. `searchsorted`, not `bincount`: the output shape does not depend on
-    the data (torch.compile traces it), there is no host sync, and it is deterministic on GPUs, unlike `histc`."""
-    groups = torch.arange(num_groups, device=sorted_groups.device, dtype=sorted_groups.dtype)
-    ends = torch.searchsorted(sorted_groups, groups, right=True)
-    return ends.diff(prepend=ends.new_zeros(1))
-
-
-def _grouped_offsets(group_sizes: torch.Tensor) -> torch.Tensor:
-    return group_sizes.cumsum(0).to(torch.int32)
-
-
-def _use_grouped_mm(*operands: torch.Tensor) -> bool:
-    # torch's grouped GEMM takes bf16 on CUDA and fp32/bf16 on CPU, and needs 16-byte aligned strides; its fake
-    # kernel (what torch.compile traces) takes bf16 only.
-    bf16_only = operands[0].is_cuda or torch.compiler.is_compiling()
-    dtypes = (torch.bfloat16,) if bf16_only else (torch.float32, torch.bfloat16)
-    aligned = all(stride * t.element_size() % 16 == 0 for t in operands for stride in t.stride() if stride != 1)
-    return hasattr(F, "grouped_mm") and operands[0].dtype in dtypes and aligned
-
-
-def _grouped_mm_loop(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """`F.grouped_mm` as one matmul per group: rows of `a` by `b[g]` (b 3-D), or `a[:, group] @ b[group]` (b 2-D)."""
-    out = _grouped_mm_shape(a, b, offs)
-    start = 0
-    for group, end in enumerate(offs.tolist()):
-        if b.ndim == 3:
-            torch.mm(a[start:end], b[group], out=out[start:end])
-        else:
-            torch.mm(a[:, start:end], b[start:end], out=out[group])
-        start = end
-    return out
-
-
-def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    shape = (a.shape[0], b.shape[-1]) if b.ndim == 3 else (offs.shape[0], a.shape[0], b.shape[-1])
-    return a.new_empty(shape)
-
-
-# An opaque operator, so that torch.compile never sees the loop's data-dependent group sizes. Each copy of this file
-# (the package, remote code) shares the first one's registration.
-if not hasattr(torch.ops.scalevec, "grouped_mm_loop"):
-    torch.library.custom_op("scalevec::grouped_mm_loop", _grouped_mm_loop, mutates_args=()).register_fake(
-        _grouped_mm_shape
-    )
-
-
-def _grouped_mm(a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
-    offs = _grouped_offsets(group_sizes)
-    return F.grouped_mm(a, b, offs=offs) if _use_grouped_mm(a, b) else torch.ops.scalevec.grouped_mm_loop(a, b, offs)
-
-
-def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
-    """Rows of `x` sorted by group; group `g` is multiplied by `weight[g].T` (weight: (G, out, in))."""
-    return _grouped_mm(x, weight.transpose(-2, -1), group_sizes)
-
-
-def _grouped_weight_grad(grad: torch.Tensor, x: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
-    """Per group `grad_g.T @ x_g`, shape (G, out, in)."""
-    return _grouped_mm(grad.T, x, group_sizes)
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    device_type = x.device.type
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
-
-
-def _cpu_kernels(*tensors: torch.Tensor | None) -> ModuleType | None:
-    """ScaleVec's fused CPU kernels (`scalevec/cpu_kernels.py`, opt-in with SCALEVEC_CPU_KERNELS=1) when they
-    apply to `tensors`: plain contiguous fp32 CPU tensors, outside torch.compile. None where ScaleVec itself is not
-    installed (remote code) or the kernels cannot be built."""
-    if os.environ.get("SCALEVEC_CPU_KERNELS") != "1" or torch.compiler.is_compiling():
-        return None
-    plain = (torch.Tensor, nn.Parameter)
-    present = [t for t in tensors if t is not None]
-    if not all(type(t) in plain and t.device.type == "cpu" and t.dtype == torch.float32 for t in present):
-        return None
-    if not all(t.is_contiguous() for t in present):
-        return None
-    return _built_cpu_kernels()
-
-
-@functools.cache
-def _built_cpu_kernels() -> ModuleType | None:
-    try:
-        from scalevec.cpu_kernels import load
-    except ImportError:
-        return None
-    return load()
-
-
-def _kernel_operands(weight: torch.Tensor, in_scale, out_scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The weight as (B, out, in) and its scales as (B, in), (B, out)."""
-    out_features, in_features = weight.shape[-2:]
-    return weight.view(-1, out_features, in_features), in_scale.view(-1, in_features), out_scale.view(-1, out_features)
-
-
-def _effective_weight(weight, in_scale, out_scale, dtype: torch.dtype) -> torch.Tensor:
-    """`diag(b) W diag(a)` in `dtype`, shape (..., out, in): one pass per scale, the second in place (one pass in
-    all with the CPU kernels)."""
-    if in_scale is None and out_scale is None:
-        return weight.to(dtype)
-    both = in_scale is not None and out_scale is not None
-    kernels = _cpu_kernels(weight, in_scale, out_scale) if both and dtype == weight.dtype else None
-    if kernels is not None:
-        return kernels.fold(*_kernel_operands(weight, in_scale, out_scale)).view(weight.shape)
-    first = in_scale.unsqueeze(-2) if out_scale is None else out_scale.unsqueeze(-1)
-    folded = torch.mul(weight, first, out=weight.new_empty(weight.shape, dtype=dtype))
-    return folded if in_scale is None or out_scale is None else folded.mul_(in_scale.unsqueeze(-2))
-
-
-def _column_sums(matrix: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """`sum_i w_i M_ij` over the rows of `M` (..., out, in): a vector-matrix product, no temporary."""
-    if weights is None:
-        return matrix.sum(-2)
-    return weights @ matrix if matrix.dim() == 2 else (weights.unsqueeze(-2) @ matrix).squeeze(-2)
-
-
-def _row_sums(matrix: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """`sum_j w_j M_ij` over the columns of `M` (..., out, in). Batched, as a row vector times the transpose: as a
-    batched matrix-vector product, BLAS is ~9x slower on expert stacks."""
-    if weights is None:
-        return matrix.sum(-1)
-    return matrix @ weights if matrix.dim() == 2 else (weights.unsqueeze(-2) @ matrix.mT).squeeze(-2)
-
-
-def _scale_grads(grad_eff, weight, in_scale, out_scale):
-    """Gradients of W, a and b from the gradient G of the folded weight `diag(b) W diag(a)` (shape (..., out, in)):
-    `diag(b) G diag(a)` (G rescaled in place) and the column / row sums of `G * W` weighted by the other scale."""
-    if in_scale is None and out_scale is None:
-        return grad_eff, None, None
-    product = grad_eff * weight
-    grad_in = grad_out = None
-    if in_scale is not None:
-        grad_in = _column_sums(product, out_scale)
-        grad_eff.mul_(in_scale.unsqueeze(-2))
-    if out_scale is not None:
-        grad_out = _row_sums(product, in_scale)
-        grad_eff.mul_(out_scale.unsqueeze(-1))
-    return grad_eff, grad_in, grad_out
-
-
-def _refold_and_scale_grads(grad_eff, weight, in_scale, out_scale, dtype: torch.dtype, refold: bool):
-    """The backward's folded weight (in `dtype`; None unless `refold`) and the gradients of W, a and b from that of
-    the folded weight: `_effective_weight` and `_scale_grads`, or, for a map with both scales, one read of W and G
-    by the CPU kernels (with one scale the eager passes are few, and the kernels measured no faster)."""
-    both = in_scale is not None and out_scale is not None
-    kernels = _cpu_kernels(grad_eff, weight, in_scale, out_scale) if both and dtype == weight.dtype else None
-    if kernels is None:
-        folded = _effective_weight(weight, in_scale, out_scale, dtype) if refold else None
-        return folded, _scale_grads(grad_eff, weight, in_scale, out_scale)
-    stack, stacked_in, stacked_out = _kernel_operands(weight, in_scale, out_scale)
-    folded, grad_in, grad_out = kernels.fold_backward(stack, grad_eff.view(stack.shape), stacked_in, stacked_out)
-    return folded.view(weight.shape), (grad_eff, grad_in.view(in_scale.shape), grad_out.view(out_scale.shape))
-
-
-class _ScaledLinearFunction(torch.autograd.Function):
-    """`y_i = x @ (diag(b_i) W_i diag(a_i)).T` for several maps of one input, optionally grouped by expert.
-
-    The scales are folded into each weight on the fly: `out x in` work that does not grow with the token count and
-    no extra saved activation. The folded weights are recomputed in backward rather than saved, so the scales cost
-    no memory beyond their own size. Each map keeps its own output (as separate projections do), so backward never
-    concatenates gradients.
-    """
-
-    @staticmethod
-    def forward(ctx, x, group_sizes, experts, num_branches, *tensors):
-        dtype = _compute_dtype(x)
-        ctx.input_dtype, ctx.num_branches = x.dtype, num_branches
-        x = x.to(dtype)
-        ctx.save_for_backward(x, group_sizes, experts, *tensors)
-        outputs = []
-        for weight, in_scale, out_scale in _branches(tensors, num_branches, experts):
-            folded = _effective_weight(weight, in_scale, out_scale, dtype)
-            outputs.append(
-                F.linear(x, folded) if group_sizes is None else _grouped_linear(x, folded.flatten(1, -2), group_sizes)
-            )
-        return tuple(outputs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        x, group_sizes, experts, *tensors = ctx.saved_tensors
-        flat_x = x.reshape(-1, x.shape[-1])
-        grad_x, weight_grads = None, []
-        for grad, (weight, in_scale, out_scale) in zip(grads, _branches(tensors, ctx.num_branches, experts)):
-            flat_grad = grad.reshape(-1, grad.shape[-1]).to(x.dtype)
-            if any(ctx.needs_input_grad[4:]):
-                if group_sizes is None:
-                    grad_folded = flat_grad.T @ flat_x
-                else:
-                    grad_folded = _grouped_weight_grad(flat_grad.contiguous(), flat_x, group_sizes).view(weight.shape)
-                grad_folded = grad_folded.to(weight.dtype)
-                folded, grads_of_branch = _refold_and_scale_grads(
-                    grad_folded, weight, in_scale, out_scale, x.dtype, refold=ctx.needs_input_grad[0]
-                )
-                weight_grads.append(grads_of_branch)
-            else:
-                folded = _effective_weight(weight, in_scale, out_scale, x.dtype) if ctx.needs_input_grad[0] else None
-                weight_grads.append((None, None, None))
-            if ctx.needs_input_grad[0]:
-                if group_sizes is None:
-                    branch_grad_x = flat_grad @ folded
-                else:
-                    branch_grad_x = _grouped_linear(flat_grad.contiguous(), folded.flatten(1, -2).mT, group_sizes)
-                grad_x = branch_grad_x if grad_x is None else grad_x.add_(branch_grad_x)
-        grad_x = None if grad_x is None else grad_x.view(x.shape).to(ctx.input_dtype)
-        grads_in_order = (g for grad_of in zip(*weight_grads) for g in grad_of)
-        return grad_x, None, None, None, *(_scattered(g, experts, t) for g, t in zip(grads_in_order, tensors))
-
-
-def _branches(tensors: Sequence[torch.Tensor | None], n: int, experts: torch.Tensor | None) -> list[tuple]:
-    """(weight, in_scale, out_scale) per branch; of only the given experts' rows if `experts` is set."""
-    if experts is not None:
-        tensors = [None if t is None else t[experts] for t in tensors]
-    return list(zip(tensors[:n], tensors[n : 2 * n], tensors[2 * n :]))
-
-
-def _scattered(grad: torch.Tensor | None, experts: torch.Tensor | None, like: torch.Tensor | None):
-    """The gradient of a whole expert stack from that of the given experts' rows (zero for the others)."""
-    if grad is None or experts is None:
-        return grad
-    return grad.new_zeros(like.shape).index_copy_(0, experts, grad)
-
-
-def scaled_linear(
-    x: torch.Tensor,
-    weights: Sequence[torch.Tensor],
-    in_scales: Sequence[torch.Tensor | None],
-    out_scales: Sequence[torch.Tensor | None],
-    group_sizes: torch.Tensor | None = None,
-    experts: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """Several scaled linear maps of the same input in one autograd node; one output per map. Grouped by expert
-    (`group_sizes`), optionally over only the `experts` given (weights and scales indexed by them on the fly, so
-    nothing beyond the parameters is saved for backward)."""
-    return _ScaledLinearFunction.apply(x, group_sizes, experts, len(weights), *weights, *in_scales, *out_scales)
 
 
 # --- Projections: nn.Linear layers and the scale vectors around them -----------------------------------------------
@@ -423,6 +164,9 @@ class ScaleVecScaledMap:
 
     def scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return _vector(self.in_scale), _vector(self.out_scale)
+
+    def scaled_maps(self) -> list[ScaledMap]:
+        return [(self.weight, *self.scales())]
 
 
 class ScaleVecLinear(ScaleVecScaledMap, nn.Linear):
@@ -490,115 +234,24 @@ def _call_scaled(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return y if out_scale is None else y * out_scale.to(y.dtype)
 
 
-def _folded(weight: torch.Tensor, in_scale: torch.Tensor | None, out_scale: torch.Tensor | None) -> torch.Tensor:
-    """`diag(b) W diag(a)` by differentiable ops, for weights (..., out, in) and scales (..., in) / (..., out)."""
+def fold(weight: torch.Tensor, in_scale: torch.Tensor | None, out_scale: torch.Tensor | None) -> torch.Tensor:
+    """`diag(b) W diag(a)`: the scales folded into the weight (..., out, in), scales (..., in) / (..., out)."""
     if out_scale is not None:
         weight = weight * out_scale.unsqueeze(-1)
     return weight if in_scale is None else weight * in_scale.unsqueeze(-2)
 
 
-def _reuses_folded_weights() -> bool:
-    """When no gradient is recorded. Not under torch.distributed: sharded parameters (FSDP) are gathered into fresh
-    storage for every forward, which a cached fold could outlive."""
-    return not (torch.is_grad_enabled() or torch.compiler.is_compiling() or _distributed())
-
-
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-# True while a forward extends a KV cache whose first forward checked the folds: the keys and values in that cache
-# were computed with those weights, so the decoding steps that follow take them as they are. Checking every map's
-# parameters at every token costs 4 % of a 0.12B decoding step (cold objects between weight-sized reads).
-_EXTENDING_CHECKED_KV_CACHE = contextvars.ContextVar("scalevec_extending_checked_kv_cache", default=False)
-
-
-@contextlib.contextmanager
-def _set(variable: contextvars.ContextVar, value: object) -> Iterator[None]:
-    """`variable` set to `value` inside the block; left alone for a falsy value (the default, and all that
-    torch.compile ever sees)."""
-    token = variable.set(value) if value else None
-    try:
-        yield
-    finally:
-        if token is not None:
-            variable.reset(token)
-
-
-def _extends_checked_kv_cache(model: nn.Module, cache: Cache | None) -> bool:
-    """Whether `cache` is the KV cache of this model's last forward without gradients (and no state dict was loaded
-    since); if not, it becomes that cache. A forward with gradients drops the folds, so training in between
-    refolds."""
-    if cache is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return False
-    checked = model.__dict__.get("_folds_checked_for")
-    if checked is not None and checked() is cache:
-        return True
-    model.__dict__["_folds_checked_for"] = weakref.ref(cache)
-    return False
-
-
-def _forget_checked_kv_cache(model: nn.Module, incompatible_keys) -> None:
-    model.__dict__.pop("_folds_checked_for", None)
-
-
-def _folded_for_inference(owner: nn.Module, fold: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
-    """`fold()`, computed once and reused while no parameter of `owner` changes: an optimizer step or
-    `load_state_dict` writes in place (a new tensor version), `to()` makes new tensors. Decoding then costs what the
-    folded model costs instead of refolding every weight for every token; the steps extending one KV cache do not
-    check again (`_EXTENDING_CHECKED_KV_CACHE`)."""
-    cached = owner.__dict__.get("_inference_weights")
-    if cached is not None and _EXTENDING_CHECKED_KV_CACHE.get():
-        return cached[1]
-    parameters = _parameters_below(owner)
-    key = (parameters[0].dtype, parameters[0].device, *((p._version, p.data_ptr()) for p in parameters))
-    if cached is None or cached[0] != key:
-        cached = owner.__dict__["_inference_weights"] = (key, fold())
-    return cached[1]
-
-
-def _parameters_below(module: nn.Module) -> list[nn.Parameter]:
-    """Every parameter of `module` and its submodules (parametrizations and adapters keep theirs there), without the
-    bookkeeping of `parameters()`: the cache key is paid per map per decoded token (2.6 against 4.2 us)."""
-    parameters, modules = [], [module]
-    while modules:
-        current = modules.pop()
-        parameters.extend(p for p in current._parameters.values() if p is not None)
-        modules.extend(child for child in current._modules.values() if child is not None)
-    return parameters
-
-
-def _drop_inference_weights(owner: nn.Module) -> None:
-    # training needs the memory more than a later evaluation needs the time
-    owner.__dict__.pop("_inference_weights", None)
-
-
 def project(x: torch.Tensor, *modules: nn.Module) -> tuple[torch.Tensor, ...]:
-    """The outputs of several projections of one input, each with its scales. When every module is a plain
-    ScaleVec projection with scales, they run as one fused matmul with the scales folded into the weights on the
-    fly (see `_ScaledLinearFunction`); otherwise each module is called, so any wrapper or hook is honoured."""
+    """The outputs of several projections of one input, each `b * proj(a * x)`. When every module is a plain ScaleVec
+    projection with scales, `scaled_projections` computes them (the scales folded into the weights inside one fused
+    matmul); otherwise each module is called, so that any wrapper or hook is honoured."""
     if all(_is_plain(module) for module in modules) and any(_has_scales(module) for module in modules):
-        return _scaled_outputs(x, modules)
+        return scaled_projections(x, modules)
     return tuple(_call_scaled(module, x) for module in modules)
-
-
-def _scaled_outputs(x: torch.Tensor, maps: Sequence[ScaleVecScaledMap]) -> tuple[torch.Tensor, ...]:
-    """Each map's output with its scales folded into its weight: cached when no gradient is recorded, otherwise
-    on the fly inside one fused matmul."""
-    if _reuses_folded_weights():
-        return tuple(F.linear(x, _inference_weight(owner)) for owner in maps)
-    for owner in maps:
-        _drop_inference_weights(owner)
-    in_scales, out_scales = zip(*(owner.scales() for owner in maps))
-    return scaled_linear(x, [owner.weight for owner in maps], in_scales, out_scales)
 
 
 def _has_scales(module: ScaleVecScaledMap) -> bool:
     return module.in_scale is not None or module.out_scale is not None
-
-
-def _inference_weight(owner: ScaleVecScaledMap) -> torch.Tensor:
-    return _folded_for_inference(owner, lambda: (_folded(owner.weight, *owner.scales()),))[0]
 
 
 class ScaleVecProjections(nn.Module):
@@ -690,41 +343,12 @@ class ScaleVecTopKRouter(ScaleVecScaledMap, nn.Module):
         )
 
     def forward(self, hidden_states):
-        (router_logits,) = _scaled_outputs(hidden_states, (self,))
+        (router_logits,) = scaled_projections(hidden_states, (self,))
         router_probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
         top_k_weights, top_k_index = torch.topk(router_probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
         return router_logits, top_k_weights.to(router_logits.dtype), top_k_index
-
-
-class _FoldedExperts:
-    """`ScaleVecExperts` as transformers' experts functions see it: they read `gate_up_proj` and `down_proj`
-    directly, so these are the folded weights (everything else is the module's)."""
-
-    def __init__(self, experts: "ScaleVecExperts"):
-        self._experts = experts
-        self.gate_up_proj, self.down_proj = experts.folded_weights()
-
-    def __getattr__(self, name: str):
-        return getattr(self._experts, name)
-
-
-def _on_folded_weights(experts_forward: Callable) -> Callable:
-    def forward(experts, hidden_states, top_k_index, top_k_weights):
-        return experts_forward(_FoldedExperts(experts), hidden_states, top_k_index, top_k_weights)
-
-    return forward
-
-
-class ScaleVecExpertsInterface(ExpertsInterface):
-    """transformers' experts implementations on ScaleVec's folded expert weights. "eager" is ScaleVec's own forward
-    (the scales folded inside one grouped GEMM per projection, the fastest measured), and the default."""
-
-    _global_mapping = {name: _on_folded_weights(ALL_EXPERTS_FUNCTIONS[name]) for name in ("grouped_mm", "batched_mm")}
-
-
-SCALEVEC_EXPERTS_FUNCTIONS = ScaleVecExpertsInterface()
 
 
 @use_experts_implementation(experts_interface=SCALEVEC_EXPERTS_FUNCTIONS)
@@ -750,57 +374,37 @@ class ScaleVecExperts(nn.Module):
         self.down_in_scale = scale((num_experts, inter), cols and not rows)  # as in ScaleVecMLP
         self.down_out_scale = scale((num_experts, hidden), rows)
 
-    def parts(self) -> tuple[tuple[torch.Tensor | None, ...], tuple[torch.Tensor | None, ...]]:
-        """(gate_up (E, 2, I, H), its column and row scales), (down (E, H, I), its column and row scales), for the
-        experts this process holds: under expert parallelism every one of them is sharded by expert."""
+    def scaled_maps(self) -> list[ScaledMap]:
+        """gate_up (E, 2, I, H) and down (E, H, I) with their column and row scales, for the experts this process
+        holds: under expert parallelism every one of them is sharded by expert."""
         gate_up = (
             self.gate_up_proj.unflatten(1, (2, self.intermediate_size)),
             self.gate_up_in_scale,
             self.gate_up_out_scale,
         )
         down = (self.down_proj, self.down_in_scale, self.down_out_scale)
-        return tuple(tuple(map(_local_tensor, (weight, _vector(a), _vector(b)))) for weight, a, b in (gate_up, down))
+        return [tuple(map(_local_tensor, (weight, _vector(a), _vector(b)))) for weight, a, b in (gate_up, down)]
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`gate_up_proj` and `down_proj` with every expert scale folded in (differentiably)."""
-        gate_up, down = (_folded(*part) for part in self.parts())
+        gate_up, down = (fold(*scaled_map) for scaled_map in self.scaled_maps())
         return gate_up.flatten(1, 2), down
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
+        # every (token, choice) pair as a row, sorted by expert: one grouped matmul per projection
         flat_index = top_k_index.reshape(-1)
         order = flat_index.argsort(stable=True)
-        token_index = order // top_k_index.shape[-1]
-        group_sizes = _group_sizes(flat_index[order], self.num_experts)
-        if _reuses_folded_weights():
-            gate_up, down = _folded_for_inference(self, self.folded_weights)
-            gate_up_parts, down_parts, experts = (gate_up, None, None), (down, None, None), None
-        else:
-            _drop_inference_weights(self)
-            gate_up_parts, down_parts = self.parts()
-            experts, group_sizes = _receiving_experts(group_sizes)
-        weight, in_scale, out_scale = gate_up_parts
-        x = hidden_states[token_index]
-        (hidden,) = scaled_linear(x, (weight,), (in_scale,), (out_scale,), group_sizes, experts)
+        group_sizes = sorted_group_sizes(flat_index[order], self.num_experts)
+        (gate_up, down), experts, group_sizes = expert_maps(self, group_sizes)
+        x = hidden_states[order // top_k_index.shape[-1]]
+        (hidden,) = scaled_linear(x, [gate_up], group_sizes, experts)
         gate, up = hidden.chunk(2, dim=-1)
-        weight, in_scale, out_scale = down_parts
-        (hidden,) = scaled_linear(self.act_fn(gate) * up, (weight,), (in_scale,), (out_scale,), group_sizes, experts)
+        (hidden,) = scaled_linear(self.act_fn(gate) * up, [down], group_sizes, experts)
         hidden = hidden * top_k_weights.reshape(-1)[order, None]
         # Undo the sort and sum over the k choices: deterministic on every device, unlike `index_add_`.
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         return hidden[inverse].view(*top_k_index.shape, -1).sum(dim=1).to(hidden_states.dtype)
-
-
-def _receiving_experts(group_sizes: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The experts that receive tokens and their group sizes, when at most half do (small batches, many experts):
-    folding costs weight-sized passes per expert whatever its token count, so the others are skipped. None (every
-    expert) otherwise, on accelerators, where reading the sizes would be a device sync, and under torch.compile."""
-    if group_sizes.device.type != "cpu" or torch.compiler.is_compiling():
-        return None, group_sizes
-    receiving = group_sizes.nonzero().squeeze(-1)
-    if 2 * receiving.numel() > group_sizes.numel():
-        return None, group_sizes
-    return receiving, group_sizes[receiving]
 
 
 class ScaleVecSparseMoeBlock(ScaleVecProjections):
@@ -1011,7 +615,7 @@ class ScaleVecPreTrainedModel(PreTrainedModel):
         return sum(parameters[name].numel() for names in self.scale_vector_roles().values() for name in names)
 
     def save_pretrained(self, *args, **kwargs):
-        self.config.auto_map = AUTO_MAP
+        self.config.auto_map = dict(AUTO_MAP)  # transformers adds the saved class to it: not to this constant
         return super().save_pretrained(*args, **kwargs)
 
 
@@ -1028,7 +632,7 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
         self.norm = ScaleVecRMSNorm(config.hidden_size, config, role="input", scaled=config.norm_scale != "none")
         self.rotary_emb = ScaleVecRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
-        self.register_load_state_dict_post_hook(_forget_checked_kv_cache)
+        self.register_load_state_dict_post_hook(forget_checked_kv_cache)
         self.post_init()
 
     @legacy_cache_name
@@ -1051,6 +655,8 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if kwargs.get("output_router_logits") and not self.config.num_experts:
+            raise ValueError("`output_router_logits` needs a mixture-of-experts model (`num_experts` > 0)")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and cache is None:
@@ -1069,8 +675,7 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
         )
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
-        extending = _extends_checked_kv_cache(self, cache)
-        with _set(_EXTENDING_CHECKED_KV_CACHE, extending), _set(_FORMED_SCALE_VECTORS, _formed_scale_vectors(self)):
+        with prepared_scales(self, cache):
             for decoder_layer in self.layers[: self.config.num_hidden_layers]:
                 hidden_states = decoder_layer(
                     hidden_states,
@@ -1115,6 +720,7 @@ def router_z_loss_func(router_logits: tuple[torch.Tensor, ...], attention_mask: 
 @auto_docstring
 class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
     _fsdp_plan = {"lm_head": "keep_full_weight"}
 
@@ -1145,14 +751,13 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
         cache (`Cache`, *optional*):
             The keys and values of the tokens seen so far (called `past_key_values` before transformers 5.24).
         output_router_logits (`bool`, *optional*):
-            Return the router logits and the load-balancing loss (MoE only). Default: when training with labels.
+            Return the router logits and the load-balancing loss, added to the loss with labels (MoE only).
+            Defaults to `config.output_router_logits`.
         """
-        moe = self.config.num_experts > 0
-        if output_router_logits and not moe:
-            raise ValueError("`output_router_logits` needs a mixture-of-experts model (`num_experts` > 0)")
-        if output_router_logits is None:  # the router losses cost work: only where training uses them
-            output_router_logits = moe and self.config.output_router_logits and labels is not None
-        router_kwargs = {"output_router_logits": output_router_logits} if moe else {}
+        if output_router_logits is None and self.config.num_experts:
+            output_router_logits = self.config.output_router_logits
+        if output_router_logits is not None:
+            kwargs["output_router_logits"] = output_router_logits
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -1160,7 +765,6 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
             cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
-            **router_kwargs,
             **kwargs,
         )
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
@@ -1172,7 +776,7 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         fields = {"logits": logits, "hidden_states": outputs.hidden_states}
         fields[OUTPUT_CACHE_FIELD] = getattr(outputs, OUTPUT_CACHE_FIELD)
-        if not moe:
+        if not self.config.num_experts:
             return CausalLMOutputWithPast(loss=loss, attentions=outputs.attentions, **fields)
 
         aux_loss = None
@@ -1189,6 +793,12 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
         return MoeCausalLMOutputWithPast(
             loss=loss, aux_loss=aux_loss, attentions=outputs.attentions, router_logits=outputs.router_logits, **fields
         )
+
+    def prepare_inputs_for_generation(self, *args, **kwargs) -> dict:
+        model_inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+        if self.config.num_experts:  # `generate` returns no router outputs: its steps skip the balancing loss
+            model_inputs.setdefault("output_router_logits", False)
+        return model_inputs
 
 
 class ScaleVecTaskHead:

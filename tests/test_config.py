@@ -1,9 +1,12 @@
+import json
+
 import pytest
+from transformers import LlamaConfig, Qwen3MoeConfig
 
 from scalevec import ScaleVecConfig
-from scalevec.configuration_scalevec import SCALE_PRESETS
+from scalevec.configuration_scalevec import MOE_DEFAULTS, SCALE_PRESETS
 
-from ._helpers import TINY, tiny_config
+from ._helpers import TINY, tiny_config, tiny_moe_config
 
 
 @pytest.mark.parametrize("preset", list(SCALE_PRESETS))
@@ -26,10 +29,24 @@ def test_config_round_trips_through_json(tmp_path):
     assert loaded.rope_parameters["rope_theta"] == 5e5
 
 
-def test_moe_config_defaults_to_balancing():
-    assert tiny_config(num_experts=4, moe_intermediate_size=8).output_router_logits is True
-    assert tiny_config().output_router_logits is False
-    assert tiny_config(num_experts=4, num_local_experts=4).num_experts == 4
+def test_only_a_moe_config_has_moe_fields_as_llama_and_qwen3_moe(tmp_path):
+    """Libraries tell a MoE model by its config's fields (TRL: `hasattr(config, "output_router_logits")`)."""
+    qwen3_moe_fields = [field for field in MOE_DEFAULTS if hasattr(Qwen3MoeConfig(), field)]
+    assert {"output_router_logits", "router_aux_loss_coef", "num_experts_per_tok"} <= set(qwen3_moe_fields)
+    for field in qwen3_moe_fields:
+        assert not hasattr(tiny_config(), field) and not hasattr(LlamaConfig(), field), field
+        assert hasattr(tiny_moe_config(), field), field
+    assert not any(hasattr(tiny_config(), field) for field in MOE_DEFAULTS)
+    assert tiny_moe_config().output_router_logits is True  # so that training balances the experts
+    assert tiny_config(num_local_experts=4, moe_intermediate_size=8).num_experts == 4
+
+    # a dense checkpoint saved before carries the MoE fields with their defaults: they are dropped on load
+    tiny_config().save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert not set(MOE_DEFAULTS) & set(saved)
+    older = saved | {"output_router_logits": False, "num_experts_per_tok": 2}
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    assert not hasattr(ScaleVecConfig.from_pretrained(tmp_path), "output_router_logits")
 
 
 @pytest.mark.parametrize(

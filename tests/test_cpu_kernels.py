@@ -6,8 +6,8 @@ import warnings
 import pytest
 import torch
 
-from scalevec import ScaleVecForCausalLM, cpu_kernels
-from scalevec import modeling_scalevec as modeling
+from scalevec import ScaleVecForCausalLM, cpu_kernels, scaled_ops
+from scalevec.modeling_scalevec import fold
 
 from ._helpers import gradients, random_ids, randomize_scales, tiny_config, tiny_moe_config
 
@@ -25,79 +25,81 @@ def operands(weight_shape, in_shape, out_shape, seed=0):
     weight = torch.randn(weight_shape, generator=generator)
     in_scale = None if in_shape is None else 0.5 + torch.rand(in_shape, generator=generator)
     out_scale = None if out_shape is None else 0.5 + torch.rand(out_shape, generator=generator)
-    return weight, in_scale, out_scale
+    grad = torch.randn(weight_shape, generator=generator)
+    return weight, in_scale, out_scale, grad
 
 
 @pytest.fixture
-def kernels_on(monkeypatch):
+def kernel_calls(monkeypatch) -> list[str]:
+    """The names of the kernels called from here on, with the kernels asked for (SCALEVEC_CPU_KERNELS=1)."""
+    kernels = cpu_kernels.load()
+    assert kernels is not None
     monkeypatch.setenv("SCALEVEC_CPU_KERNELS", "1")
-    assert cpu_kernels.load() is not None
+    calls = []
+    for name in ("fold", "fold_backward"):
+        kernel = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *args, kernel=kernel, name=name: calls.append(name) or kernel(*args))
+    return calls
 
 
-def test_kernels_are_off_unless_asked(monkeypatch):
-    monkeypatch.delenv("SCALEVEC_CPU_KERNELS", raising=False)
-    assert modeling._cpu_kernels(torch.ones(2, 2)) is None
+def fold_and_backward(weight, in_scale, out_scale, grad):
+    folded = scaled_ops.fold_scales(weight, in_scale, out_scale, torch.float32)
+    refolded, grads = scaled_ops.fold_backward(grad.clone(), weight, in_scale, out_scale, torch.float32, refold=True)
+    return folded, refolded, grads
+
+
+def test_kernels_are_off_unless_asked(kernel_calls, monkeypatch):
+    monkeypatch.delenv("SCALEVEC_CPU_KERNELS")
+    fold_and_backward(*operands(*BOTH_SCALES[0]))
+    assert kernel_calls == []
 
 
 @pytest.mark.parametrize("weight_shape, in_shape, out_shape", BOTH_SCALES)
-def test_fold_and_backward_equal_the_eager_passes(kernels_on, weight_shape, in_shape, out_shape):
-    weight, in_scale, out_scale = operands(weight_shape, in_shape, out_shape)
-    grad = torch.randn(weight_shape, generator=torch.Generator().manual_seed(1))
-    eager_folded = modeling._folded(weight, in_scale, out_scale)
-    eager_grads = modeling._scale_grads(grad.clone(), weight, in_scale, out_scale)
-    assert modeling._cpu_kernels(weight, in_scale, out_scale) is not None
-    torch.testing.assert_close(modeling._effective_weight(weight, in_scale, out_scale, torch.float32), eager_folded)
-    folded, grads = modeling._refold_and_scale_grads(
-        grad.clone(), weight, in_scale, out_scale, torch.float32, refold=True
-    )
+def test_fold_and_backward_equal_the_eager_passes(kernel_calls, monkeypatch, weight_shape, in_shape, out_shape):
+    weight, in_scale, out_scale, grad = operands(weight_shape, in_shape, out_shape)
+    monkeypatch.setenv("SCALEVEC_CPU_KERNELS", "0")
+    eager_folded, _, eager_grads = fold_and_backward(weight, in_scale, out_scale, grad)
+    monkeypatch.setenv("SCALEVEC_CPU_KERNELS", "1")
+    folded, refolded, grads = fold_and_backward(weight, in_scale, out_scale, grad)
+    assert kernel_calls == ["fold", "fold_backward"]
+    torch.testing.assert_close(eager_folded, fold(weight, in_scale, out_scale))  # the model file's reference
     torch.testing.assert_close(folded, eager_folded)
+    torch.testing.assert_close(refolded, eager_folded)
     for actual, expected in zip(grads, eager_grads):
         torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("weight_shape, in_shape, out_shape", ONE_SCALE)
-def test_maps_with_one_scale_take_the_eager_passes(kernels_on, monkeypatch, weight_shape, in_shape, out_shape):
-    weight, in_scale, out_scale = operands(weight_shape, in_shape, out_shape)
-    grad = torch.randn(weight_shape, generator=torch.Generator().manual_seed(1))
-    asked = []
-    monkeypatch.setattr(modeling, "_cpu_kernels", lambda *tensors: asked.append(tensors))
-    folded, grads = modeling._refold_and_scale_grads(
-        grad.clone(), weight, in_scale, out_scale, torch.float32, refold=True
-    )
-    assert not asked
-    torch.testing.assert_close(folded, modeling._folded(weight, in_scale, out_scale))
-    for actual, expected in zip(grads, modeling._scale_grads(grad.clone(), weight, in_scale, out_scale)):
-        assert (actual is None) == (expected is None)
-        if expected is not None:
-            torch.testing.assert_close(actual, expected)
+def test_maps_with_one_scale_take_the_eager_passes(kernel_calls, weight_shape, in_shape, out_shape):
+    weight, in_scale, out_scale, grad = operands(weight_shape, in_shape, out_shape)
+    folded, refolded, grads = fold_and_backward(weight, in_scale, out_scale, grad)
+    assert kernel_calls == []
+    torch.testing.assert_close(folded, fold(weight, in_scale, out_scale))
+    torch.testing.assert_close(refolded, folded)
+    assert (grads[1] is None, grads[2] is None) == (in_scale is None, out_scale is None)
 
 
 @pytest.mark.parametrize("config", [tiny_config, tiny_moe_config], ids=["dense", "moe"])
-def test_a_training_step_with_the_kernels_has_the_eager_gradients(config, monkeypatch):
+def test_a_training_step_with_the_kernels_has_the_eager_gradients(config, kernel_calls, monkeypatch):
     torch.manual_seed(0)
     model = ScaleVecForCausalLM(config(scale_preset="unified")).train()
     randomize_scales(model)
     ids = random_ids(model.config)
-    monkeypatch.delenv("SCALEVEC_CPU_KERNELS", raising=False)
+    monkeypatch.setenv("SCALEVEC_CPU_KERNELS", "0")
     eager = gradients(model, ids)
+    assert kernel_calls == []
     monkeypatch.setenv("SCALEVEC_CPU_KERNELS", "1")
-    calls, real = [], modeling._cpu_kernels
-
-    def counted(*tensors):
-        calls.append(real(*tensors))
-        return calls[-1]
-
-    monkeypatch.setattr(modeling, "_cpu_kernels", counted)
     fused = gradients(model, ids)
-    assert calls and all(kernels is not None for kernels in calls)
+    assert "fold" in kernel_calls and "fold_backward" in kernel_calls
     for name, grad in eager.items():
         torch.testing.assert_close(fused[name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_bf16_runs_the_eager_path(kernels_on):
-    weight, in_scale, out_scale = operands((8, 4), (4,), (8,))
-    assert modeling._cpu_kernels(weight.bfloat16(), in_scale, out_scale) is None
-    assert modeling._cpu_kernels(weight.t(), in_scale, out_scale) is None  # not contiguous
+def test_bf16_and_strided_weights_take_the_eager_passes(kernel_calls):
+    weight, in_scale, out_scale, _ = operands((8, 4), (4,), (8,))
+    scaled_ops.fold_scales(weight.bfloat16(), in_scale, out_scale, torch.bfloat16)
+    scaled_ops.fold_scales(weight.t().contiguous().t(), in_scale, out_scale, torch.float32)
+    assert kernel_calls == []
 
 
 def test_a_failed_build_warns_and_falls_back(monkeypatch):

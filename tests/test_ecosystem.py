@@ -309,14 +309,16 @@ def test_tensor_parallel_plan_names_linear_projections_as_the_stock_plans_do(moe
 
 def test_tensor_and_expert_parallel_plans_in_two_processes_give_the_unsharded_logits(tmp_path):
     """benchmarks/tp_check.py: `tp_plan="auto"` in 2 gloo processes (DTensor-sharded projections, each scale cut
-    as its projection's weight) against the whole model, standard and unified, dense and MoE; and the MoE with
-    its experts and their scales sharded by expert (`ep_size=2`)."""
+    as its projection's weight) against the whole model, standard and unified, dense and MoE, tied embeddings as a
+    tied Llama (the head gathers its sharded output); and the MoE with its experts and their scales sharded by
+    expert (`ep_size=2`)."""
     report = tmp_path / "report.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "tp_check.py"), "--nproc", "2", "--json", str(report)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, **SUBPROCESS_ENV})
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     rows = json.loads(report.read_text())["cases"]
-    assert set(rows) == {"standard-qk-norm", "unified", "unified-moe", "unified-moe-expert-parallel"}
+    cases = {"standard-qk-norm", "unified", "unified-tied", "llama-tied", "unified-moe", "unified-moe-expert-parallel"}
+    assert set(rows) == cases
     for name, row in rows.items():
         assert row["q_proj_local_rows"] == 16, name  # 32 rows of q_proj, half on each rank: really sharded
         assert row["max_logit_diff"] < 1e-5, name

@@ -61,7 +61,8 @@ def test_pushed_private_scalevec_folder_loads_with_remote_code_where_scalevec_is
     before = folder_digest(tmp_path / "model")
     result = push(hub, tmp_path / "push_home", tmp_path / "model", "tester/tiny", "--private", token=hub.token)
     assert result.returncode == 0, result.stderr
-    assert f"Uploaded {len(before)} files" in result.stdout and "modeling_scalevec.py" in result.stdout
+    assert f"Uploaded {len(before)} files" in result.stdout
+    assert "modeling_scalevec.py" in result.stdout and "scaled_ops.py" in result.stdout
     assert folder_digest(tmp_path / "model") == before and hub.repos["tester/tiny"].private
     ids = random_ids(model.config)
     load = 'transformers.AutoModelForCausalLM.from_pretrained("tester/tiny", trust_remote_code=True)'

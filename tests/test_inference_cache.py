@@ -6,8 +6,7 @@ import copy
 import pytest
 import torch
 
-from scalevec import ScaleVecForCausalLM
-from scalevec import modeling_scalevec as modeling
+from scalevec import ScaleVecForCausalLM, scaled_ops
 
 from ._helpers import logits, random_ids, randomize_scales, tiny_config, tiny_moe_config
 
@@ -20,8 +19,18 @@ def unified(moe: bool) -> ScaleVecForCausalLM:
     return model
 
 
-def cached_owners(model) -> list[torch.nn.Module]:
-    return [m for m in model.modules() if "_inference_weights" in vars(m)]
+@pytest.fixture
+def folds(monkeypatch) -> list[tuple]:
+    """The shape of every weight that a scale is folded into from here on, in a forward or cached for inference."""
+    folded, fold_scales = [], scaled_ops.fold_scales
+
+    def recorded(weight, in_scale, out_scale, dtype):
+        if in_scale is not None or out_scale is not None:
+            folded.append(tuple(weight.shape))
+        return fold_scales(weight, in_scale, out_scale, dtype)
+
+    monkeypatch.setattr(scaled_ops, "fold_scales", recorded)
+    return folded
 
 
 def with_grad_logits(model, ids) -> torch.Tensor:
@@ -30,13 +39,14 @@ def with_grad_logits(model, ids) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("moe", [False, True])
-def test_cached_inference_equals_the_training_path_and_generates_the_same_tokens(moe):
+def test_cached_inference_equals_the_training_path_and_generates_the_same_tokens(moe, folds):
     model = unified(moe)
     ids = random_ids(model.config)
     training = with_grad_logits(model, ids)
-    assert cached_owners(model) == []
     torch.testing.assert_close(logits(model, ids), training, atol=1e-5, rtol=0)
-    assert cached_owners(model)
+    folds.clear()
+    torch.testing.assert_close(logits(model, ids), training, atol=1e-5, rtol=0)
+    assert folds == []  # every folded weight came from the cache
 
     prompt = ids[:, :4]
     cached = model.generate(prompt, max_new_tokens=8, do_sample=False)
@@ -70,31 +80,31 @@ def test_cache_follows_optimizer_steps_loaded_weights_and_dtype(moe):
 
     reference = copy.deepcopy(other).double()
     torch.testing.assert_close(logits(model.double(), ids), logits(reference, ids), atol=1e-10, rtol=0)
-    assert all(w.dtype == torch.float64 for m in cached_owners(model) for w in vars(m)["_inference_weights"][1])
 
 
 @pytest.mark.parametrize("moe", [False, True])
-def test_decoding_steps_take_the_folds_their_prefill_checked(moe, monkeypatch):
-    """A forward extending a KV cache skips the per-map parameter check (the cache holds keys and values of those
-    weights); a loaded state dict or a training forward in between still gives the new weights."""
-    model = unified(moe)
+def test_decoding_steps_take_the_folded_weights_their_prefill_checked(moe):
+    """The steps extending one KV cache take the folded weights its first forward checked (its keys and values were
+    computed with them): a parameter edited in place in between is seen from the next prompt on. A loaded state dict
+    or a training forward in between still gives the new weights."""
+    model, edited = unified(moe), unified(moe)
     ids = random_ids(model.config)
-    checks = []
-    parameters_below = modeling._parameters_below
-    monkeypatch.setattr(
-        modeling, "_parameters_below", lambda module: checks.append(module) or parameters_below(module)
-    )
     with torch.no_grad():
+        edited.model.layers[-1].self_attn.o_proj.weight.mul_(3)
         cache = model(ids, use_cache=True).cache
         kv = copy.deepcopy(cache)
-        assert checks
-        checks.clear()
-        model(ids[:, -1:], cache=cache, use_cache=True)  # as generate does: the same cache object, extended
-        assert checks == []
+        before = unified(moe)(ids[:, -1:], cache=copy.deepcopy(cache), use_cache=True).logits
+        model.model.layers[-1].self_attn.o_proj.weight.mul_(3)  # in place, between two steps of one cache
+        step = model(ids[:, -1:], cache=cache, use_cache=True).logits  # as generate does: the same cache, extended
+        torch.testing.assert_close(step, before, atol=1e-6, rtol=0)
+        torch.testing.assert_close(logits(model, ids), logits(edited, ids), atol=1e-5, rtol=0)  # a new prompt
+        assert (logits(edited, ids) - logits(unified(moe), ids)).abs().max() > 1e-3
 
         other = unified(moe)
         for parameter in other.parameters():
             parameter.mul_(1.1)
+        cache = copy.deepcopy(kv)
+        model(ids[:, -1:], cache=cache, use_cache=True)  # the folded weights are checked for this cache
         model.load_state_dict(other.state_dict())
         before = copy.deepcopy(cache)
         step = model(ids[:, -1:], cache=cache, use_cache=True).logits
@@ -103,8 +113,8 @@ def test_decoding_steps_take_the_folds_their_prefill_checked(moe, monkeypatch):
 
     cache = copy.deepcopy(kv)
     with torch.no_grad():
-        model(ids[:, -1:], cache=cache, use_cache=True)  # the folds are checked for this cache
-    model(ids, labels=ids).loss.backward()  # a training forward drops every fold
+        model(ids[:, -1:], cache=cache, use_cache=True)  # the folded weights are checked for this cache
+    model(ids, labels=ids).loss.backward()  # a training forward drops every folded weight
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.01)
@@ -137,11 +147,13 @@ def test_cache_follows_a_parametrized_projection():
     assert (logits(model, ids) - logits(unified(moe=False), ids)).abs().max() > 1e-3
 
 
-def test_training_drops_the_cache():
+def test_training_drops_the_cache(folds):
     model = unified(moe=True)
     ids = random_ids(model.config)
     logits(model, ids)
-    assert len(cached_owners(model)) > 0
+    cached = list(folds)
     model.train()
     model(ids, labels=ids).loss.backward()
-    assert cached_owners(model) == []
+    folds.clear()
+    logits(model.eval(), ids)
+    assert folds == cached  # folded again, every weight

@@ -11,12 +11,23 @@ from transformers import (
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
+from transformers.integrations.moe import ExpertsInterface
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM, ScaleVecModel
 
-from ._helpers import logits, random_ids, randomize_scales, run_without_scalevec, tiny_config, tiny_moe_config
+from ._helpers import (
+    STOCK_TINY,
+    logits,
+    random_ids,
+    randomize_scales,
+    run_without_scalevec,
+    tiny_config,
+    tiny_moe_config,
+)
 
 
 def model_of(moe: bool, **overrides) -> ScaleVecForCausalLM:
@@ -65,19 +76,40 @@ def test_moe_router_losses_take_4d_masks(additive):
     torch.testing.assert_close(full.loss, flat.loss, atol=1e-6, rtol=0)
 
 
-def test_moe_router_losses_only_where_used():
+def test_moe_router_losses_follow_the_flag_else_the_config():
     model = model_of(moe=True)
     ids = random_ids(model.config)
     assert model.config.output_router_logits  # on by default, so that training balances the experts
     with torch.no_grad():
-        inference = model(ids)
-        training = model(ids, labels=ids)
-        asked = model(ids, output_router_logits=True)
-    assert inference.aux_loss is None and inference.router_logits is None
-    assert training.aux_loss is not None and len(training.router_logits) == model.config.num_hidden_layers
-    torch.testing.assert_close(asked.aux_loss, training.aux_loss)
-    lm_loss = model.loss_function(logits=training.logits, labels=ids, vocab_size=model.config.vocab_size)
-    torch.testing.assert_close(training.loss, lm_loss + model.config.router_aux_loss_coef * training.aux_loss)
+        inference, training = model(ids), model(ids, labels=ids)
+        off = model(ids, labels=ids, output_router_logits=False)
+    assert len(inference.router_logits) == len(training.router_logits) == model.config.num_hidden_layers
+    torch.testing.assert_close(inference.aux_loss, training.aux_loss)
+    assert off.aux_loss is None and off.router_logits is None
+    torch.testing.assert_close(training.loss, off.loss + model.config.router_aux_loss_coef * training.aux_loss)
+
+    model.config.output_router_logits = False
+    with torch.no_grad():
+        assert model(ids, labels=ids).aux_loss is None
+        torch.testing.assert_close(model(ids, output_router_logits=True).aux_loss, training.aux_loss)
+
+
+def test_moe_generate_skips_the_router_losses(monkeypatch):
+    from scalevec import modeling_scalevec
+
+    model = model_of(moe=True)
+    assert model.config.output_router_logits
+    computed = []
+    balancing_loss = modeling_scalevec.load_balancing_loss_func
+    monkeypatch.setattr(
+        modeling_scalevec, "load_balancing_loss_func", lambda *args: computed.append(1) or balancing_loss(*args)
+    )
+    prompt = random_ids(model.config, length=5)
+    tokens = model.generate(prompt, max_new_tokens=4, do_sample=False)
+    assert computed == []
+    model.generate(prompt, max_new_tokens=4, do_sample=False, output_router_logits=True)
+    assert len(computed) == 4  # asked for: one per forward
+    assert torch.equal(model.generate(prompt, max_new_tokens=4, do_sample=False), tokens)
 
 
 def test_moe_generate_with_a_static_cache_equals_the_dynamic_cache():
@@ -95,8 +127,9 @@ def test_dense_outputs_are_dense_and_router_flags_are_refused():
     output = model(ids, labels=ids)
     assert type(output) is CausalLMOutputWithPast and type(model.model(ids)) is BaseModelOutputWithPast
     assert not hasattr(output, "router_logits") and not hasattr(output, "aux_loss")
-    with pytest.raises(ValueError, match="output_router_logits.*mixture-of-experts"):
-        model(ids, output_router_logits=True)
+    for forward in (model, model.model):
+        with pytest.raises(ValueError, match="output_router_logits.*mixture-of-experts"):
+            forward(ids, output_router_logits=True)
     with pytest.raises(ValueError, match="output_router_logits=True.*num_experts=0"):
         tiny_config(output_router_logits=True)
     moe = model_of(moe=True)
@@ -131,6 +164,33 @@ def test_experts_implementations_fold_the_scales_alike(tmp_path):
     loaded = ScaleVecForCausalLM.from_pretrained(tmp_path, experts_implementation="batched_mm").eval()
     assert loaded.config._experts_implementation == "batched_mm"
     torch.testing.assert_close(logits(loaded, ids), logits(model.eval(), ids), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm"])
+def test_an_experts_function_registered_later_is_called_as_by_qwen3_moe(implementation, monkeypatch):
+    """Kernels and transformers' own tests register their function under a name after the model code is imported:
+    the experts look it up at every call."""
+    torch.manual_seed(0)
+    models = {
+        "qwen3_moe": Qwen3MoeForCausalLM(Qwen3MoeConfig(**STOCK_TINY["qwen3_moe"])).eval(),
+        "scalevec": model_of(moe=True),
+    }
+    ids = random_ids(models["scalevec"].config)
+    expected = {}
+    for name, model in models.items():
+        model.set_experts_implementation(implementation)
+        expected[name] = logits(model, ids)
+    calls, registered = [], ExpertsInterface._global_mapping[implementation]
+
+    def replacement(experts, *args):
+        calls.append(experts.num_experts)
+        return registered(experts, *args)
+
+    monkeypatch.setitem(ExpertsInterface._global_mapping, implementation, replacement)
+    for name, model in models.items():
+        calls.clear()
+        torch.testing.assert_close(logits(model, ids), expected[name], atol=1e-6, rtol=0)
+        assert calls == [4] * model.config.num_hidden_layers, name
 
 
 HEADS = {

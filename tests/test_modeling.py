@@ -169,7 +169,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 def test_custom_backward_matches_autograd_of_the_plain_formula():
     """The fused scaled matmul's hand-written backward against autograd of `b * ((a * x) @ W.T)`: maps with both
     scales, a row scale only and a column scale only, in one call."""
-    from scalevec.modeling_scalevec import scaled_linear
+    from scalevec.scaled_ops import scaled_linear
 
     torch.manual_seed(0)
     x = torch.randn(3, 5, 6, dtype=torch.float64, requires_grad=True)
@@ -177,12 +177,10 @@ def test_custom_backward_matches_autograd_of_the_plain_formula():
     def leaf(*shape):
         return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
 
-    weights = [leaf(4, 6), leaf(2, 6), leaf(3, 6)]
-    ins, outs = [leaf(6), None, leaf(6)], [leaf(4), leaf(2), None]
-    leaves = [x, *weights, ins[0], ins[2], outs[0], outs[1]]
+    leaves = [x, leaf(4, 6), leaf(2, 6), leaf(3, 6), leaf(6), leaf(6), leaf(4), leaf(2)]
 
     def fused_of(x, w0, w1, w2, a0, a2, b0, b1):
-        return torch.cat(scaled_linear(x, [w0, w1, w2], [a0, None, a2], [b0, b1, None]), -1)
+        return torch.cat(scaled_linear(x, [(w0, a0, b0), (w1, None, b1), (w2, a2, None)]), -1)
 
     def plain_of(x, w0, w1, w2, a0, a2, b0, b1):
         return torch.cat([(x * a0) @ w0.T * b0, x @ w1.T * b1, (x * a2) @ w2.T], -1)
@@ -200,25 +198,22 @@ def test_custom_backward_matches_autograd_of_the_plain_formula():
 def test_vectors_formed_at_the_start_of_a_training_forward_change_no_gradient(moe, monkeypatch):
     """A training forward forms every magnitude-direction vector at its start, stacked by shape; the layers use
     those, and logits and gradients equal forming each vector where it is used."""
-    from scalevec import modeling_scalevec
+    from scalevec import scaled_ops
+    from scalevec.modeling_scalevec import ScaleVecScale
 
     model = unified_with_random_scales(**(dict(num_experts=4, num_experts_per_tok=2) if moe else {})).train()
     ids = random_ids(model.config)
-    scales = [m for m in model.modules() if isinstance(m, modeling_scalevec.ScaleVecScale)]
-    magdir = [scale for scale in scales if scale.scale_param == "magdir"]
+    magdir = [m for m in model.modules() if isinstance(m, ScaleVecScale) and m.scale_param == "magdir"]
     seen = []
-    hook = model.model.layers[0].register_forward_pre_hook(
-        lambda *_: seen.append(modeling_scalevec._FORMED_SCALE_VECTORS.get())
-    )
+    hook = model.model.layers[0].register_forward_pre_hook(lambda *_: seen.append([s.formed for s in magdir]))
     formed = gradients(model, ids)
     hook.remove()
     (vectors,) = seen
-    assert set(vectors) == set(magdir)
-    for scale in magdir:
+    for scale, vector in zip(magdir, vectors):
         expected = scale.direction / scale.direction.pow(2).mean(-1, keepdim=True).sqrt() * scale.magnitude
-        torch.testing.assert_close(vectors[scale], expected)
-    assert modeling_scalevec._FORMED_SCALE_VECTORS.get() is None
-    monkeypatch.setattr(modeling_scalevec, "_formed_scale_vectors", lambda model: None)
+        torch.testing.assert_close(vector, expected)
+    assert all(scale.formed is None for scale in magdir)  # only for the forward that formed them
+    monkeypatch.setattr(scaled_ops, "formed_scale_vectors", lambda model: {})
     one_by_one = gradients(model, ids)
     for name in formed:
         torch.testing.assert_close(formed[name], one_by_one[name], atol=1e-6, rtol=1e-5)
@@ -237,6 +232,7 @@ def test_save_and_reload_give_equal_logits(tmp_path):
         "generation_config.json",
         "model.safetensors",
         "modeling_scalevec.py",
+        "scaled_ops.py",
     ]
 
 

@@ -7,8 +7,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from scalevec import ScaleVecConfig, ScaleVecForCausalLM
-from scalevec import modeling_scalevec as modeling
+from scalevec import ScaleVecConfig, ScaleVecForCausalLM, scaled_ops
 
 from ._helpers import (
     STRATEGIES,
@@ -141,20 +140,20 @@ def test_only_experts_that_receive_tokens_are_folded(monkeypatch):
     receiving = block.gate(x)[2].unique().numel()
     assert receiving <= block.experts.num_experts // 2
     selected = []
-    receiving_experts = modeling._receiving_experts
+    receiving_experts = scaled_ops.receiving_experts
 
     def recording(group_sizes):
         experts, sizes = receiving_experts(group_sizes)
         selected.append((experts.tolist(), sizes.tolist()))
         return experts, sizes
 
-    monkeypatch.setattr(modeling, "_receiving_experts", recording)
+    monkeypatch.setattr(scaled_ops, "receiving_experts", recording)
     with saved_bytes(block) as compact_saved:
         out, x_grad, grads = grads_of(block, block, x)
     assert len(selected[0][0]) == receiving and 0 not in selected[0][1]
     idle = [e for e in range(block.experts.num_experts) if e not in selected[0][0]]
     assert grads["experts.gate_up_proj"][idle].abs().sum() == 0
-    monkeypatch.setattr(modeling, "_receiving_experts", lambda group_sizes: (None, group_sizes))  # every expert
+    monkeypatch.setattr(scaled_ops, "receiving_experts", lambda group_sizes: (None, group_sizes))  # every expert
     with saved_bytes(block) as all_saved:
         all_out, all_x_grad, all_grads = grads_of(block, block, x)
     # the selection saves its index, not copies of the receiving experts' weights
@@ -196,6 +195,14 @@ def assert_same_as_stock(reference, model):
     torch.testing.assert_close(ours.logits[real], theirs.logits[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(ours.aux_loss, theirs.aux_loss, atol=1e-6, rtol=0)
     torch.testing.assert_close(ours.loss, theirs.loss, atol=1e-5, rtol=0)
+    # without labels: router logits and the balancing loss as `config.output_router_logits` (on) says, or the flag
+    assert model.config.output_router_logits and reference.config.output_router_logits
+    with torch.no_grad():
+        ours, theirs = model(ids, attention_mask=mask), reference(ids, attention_mask=mask)
+        ours_off, theirs_off = (m(ids, output_router_logits=False) for m in (model, reference))
+    torch.testing.assert_close(ours.aux_loss, theirs.aux_loss, atol=1e-6, rtol=0)
+    assert len(ours.router_logits) == len(theirs.router_logits) > 0
+    assert ours_off.aux_loss is theirs_off.aux_loss is None and ours_off.router_logits is theirs_off.router_logits
 
 
 def test_standard_moe_matches_mixtral():

@@ -168,10 +168,8 @@ class Qwen3Format(StockFormat):
 
 
 def _moe_blockers(config: ScaleVecConfig) -> list[str]:
-    reasons = []
-    if not config.num_experts:
-        reasons.append("no experts (num_experts=0: a dense model); use llama or qwen3")
-    if config.shared_expert_intermediate_size:
+    reasons = [] if config.num_experts else ["no experts (num_experts=0: a dense model); use llama or qwen3"]
+    if config.num_experts and config.shared_expert_intermediate_size:
         reasons.append(
             f"a shared expert (shared_expert_intermediate_size={config.shared_expert_intermediate_size}), "
             "which neither Mixtral nor Qwen3-MoE has"
@@ -193,7 +191,7 @@ class MixtralFormat(StockFormat):
                 "dense layers among the MoE layers (mlp_only_layers / decoder_sparse_step); Mixtral has experts "
                 "in every layer (use qwen3_moe)"
             )
-        if not config.norm_topk_prob:
+        if config.num_experts and not config.norm_topk_prob:
             reasons.append("norm_topk_prob=False; Mixtral always renormalises the top-k weights (use qwen3_moe)")
         if config.qk_norm:
             reasons.append("qk_norm=True (per-head q/k norms; use qwen3_moe)")
@@ -243,7 +241,7 @@ class Qwen3MoeFormat(StockFormat):
             return []
         return [
             "norm_topk_prob=False: transformers and vLLM match this model, but llama.cpp always renormalises the "
-            "top-k weights and will not"
+            "top-k weights, so its outputs will differ from theirs"
         ]
 
     def legacy_fields(self, stock):

@@ -41,7 +41,7 @@ def inspect_checkpoint(path: str | Path) -> dict:
     return {
         "path": str(checkpoint.path),
         "format": source.format.name,
-        "architecture": {field: getattr(config, field) for field in ARCHITECTURE_FIELDS},
+        "architecture": {field: getattr(config, field) for field in ARCHITECTURE_FIELDS if hasattr(config, field)},
         "moe_layers": sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers)),
         "strategy": {field: getattr(config, field) for field in STRATEGY_FIELDS},
         "dtypes": sorted({str(info.dtype).removeprefix("torch.") for info in checkpoint.tensors.values()}),

@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..modeling_scalevec import ScaleVecScale
+
 # Vectors that agree to this relative tolerance are the same scale: a magnitude-direction vector rebuilt from
 # identical parameters can differ in the last bit depending on the shape it was computed in.
 SAME_SCALE_RTOL = 1e-6
@@ -15,13 +17,13 @@ BLOCK_ELEMENTS = 1 << 18  # 1 MiB of float32
 
 def pop_vector(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Tensor | None:
     """Remove the scale stored under `prefix` (`.weight`, or `.magnitude` + `.direction`) and return its value, or
-    None if there is none. Same formula as `ScaleVecScale.vector`."""
+    None if there is none."""
     if f"{prefix}.weight" in tensors:
         return tensors.pop(f"{prefix}.weight").float()
     if f"{prefix}.magnitude" not in tensors:
         return None
     magnitude, direction = tensors.pop(f"{prefix}.magnitude").float(), tensors.pop(f"{prefix}.direction").float()
-    return magnitude * direction * torch.rsqrt(direction.pow(2).mean(-1, keepdim=True))
+    return ScaleVecScale.magnitude_direction(magnitude, direction)
 
 
 def has_scale(expected: dict[str, torch.Tensor], prefix: str) -> bool:

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, PreTrainedConfig
+from transformers.dynamic_module_utils import get_relative_import_files
 
-from .. import configuration_scalevec, modeling_scalevec
+from .. import modeling_scalevec
 from ..configuration_scalevec import ScaleVecConfig
 from .formats import Format, StockFormat
 from .heads import CAUSAL_LM, Head
 
-# As `ScaleVecPreTrainedModel.save_pretrained` records it: users load the base model too.
-REMOTE_CODE = (Path(configuration_scalevec.__file__), Path(modeling_scalevec.__file__))
+# What `save_pretrained` ships: the model file and every file it imports relatively, found as transformers finds them.
+REMOTE_CODE = tuple(map(Path, [modeling_scalevec.__file__, *get_relative_import_files(modeling_scalevec.__file__)]))
 # Copied through from the source: the tokenizer in any of its usual forms, and the chat template.
 TOKENIZER_PATTERNS = (
     "tokenizer*",
@@ -39,6 +40,7 @@ def write_config(
         stock = target.stock_config(config)
         content = _config_json(stock, architecture, dtype) | target.legacy_fields(stock)
     else:
+        # As `ScaleVecPreTrainedModel.save_pretrained` records it: users load the base model too.
         content = _config_json(copy.deepcopy(config), architecture, dtype) | {"auto_map": modeling_scalevec.AUTO_MAP}
     (folder / "config.json").write_text(json.dumps(dict(sorted(content.items())), indent=2) + "\n")
 
