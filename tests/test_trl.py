@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3Moe
 from trl import SFTConfig, SFTTrainer
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM
-from scalevec.train.corpus import train_tokenizer
+from scalevec.data.corpus import train_tokenizer
 
 from ._helpers import STOCK_TINY, TINY, TINY_MOE
 
