@@ -397,9 +397,16 @@ class ScaleVecExperts(nn.Module):
         group_sizes = sorted_group_sizes(flat_index[order], self.num_experts)
         (gate_up, down), experts, group_sizes = expert_maps(self, group_sizes)
         x = hidden_states[order // top_k_index.shape[-1]]
+        # Expert parallelism gives the choices of other processes' experts ids past this one's (and weight 0): their
+        # rows are in no group, and the grouped matmuls leave them uninitialised. Masked as transformers' experts do.
+        off_rank = (flat_index[order] >= self.num_experts).unsqueeze(-1) if self._is_expert_parallel else None
+        if off_rank is not None:
+            x = x.masked_fill(off_rank, 0.0)  # its backward zeroes those rows' uninitialised input gradients
         (hidden,) = scaled_linear(x, [gate_up], group_sizes, experts)
         gate, up = hidden.chunk(2, dim=-1)
         (hidden,) = scaled_linear(self.act_fn(gate) * up, [down], group_sizes, experts)
+        if off_rank is not None:
+            hidden = hidden.masked_fill(off_rank, 0.0)  # weight 0 times an uninitialised NaN would be NaN
         hidden = hidden * top_k_weights.reshape(-1)[order, None]
         # Undo the sort and sum over the k choices: deterministic on every device, unlike `index_add_`.
         inverse = torch.empty_like(order)

@@ -388,3 +388,35 @@ def test_roles_cover_expert_scales_as_input():
     assert not any(".mlp." in n for n in roles["output"])
     every_name = list(itertools.chain(*roles.values()))
     assert len(every_name) == len(set(every_name))
+
+
+@pytest.mark.parametrize("preset", ["standard", "unified"])
+def test_choices_of_another_processs_experts_add_nothing_under_expert_parallelism(preset, monkeypatch):
+    """Expert parallelism (transformers' `MoEParamShard`) sets `num_experts` to this process's share and
+    `_is_expert_parallel`, and gives the choices of other processes' experts ids past that share with weight 0.
+    The grouped matmuls leave those rows uninitialised, here NaN: neither the output nor a gradient may see them,
+    as in transformers' own experts."""
+    monkeypatch.setattr(scaled_ops, "_use_grouped_mm", lambda *operands: False)  # the loop, whose output we poison
+    monkeypatch.setattr(
+        scaled_ops, "_grouped_mm_shape", lambda a, b, offs: torch.full(_shape(a, b, offs), float("nan"))
+    )
+    torch.manual_seed(0)
+    model = ScaleVecForCausalLM(tiny_moe_config(scale_preset=preset, num_experts=2)).train()
+    randomize_scales(model)
+    experts = model.model.layers[0].mlp.experts
+    hidden = torch.randn(6, experts.gate_up_proj.shape[-1], requires_grad=True)
+    index = torch.tensor([[0, 2], [2, 1], [1, 0], [2, 3], [0, 1], [3, 2]])  # 2 and 3: another process's experts
+    weights = torch.rand(6, 2).masked_fill(index >= 2, 0.0)
+    experts._is_expert_parallel = True
+    out = experts(hidden, index, weights)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(hidden.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in experts.parameters() if p.grad is not None)
+    local = index.clamp(max=1)  # the same choices on this process's experts, with the others' weights still 0
+    experts._is_expert_parallel = False
+    monkeypatch.undo()
+    torch.testing.assert_close(out, experts(hidden, local, weights), rtol=1e-6, atol=1e-6)
+
+
+def _shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> tuple[int, ...]:
+    return (a.shape[0], b.shape[-1]) if b.ndim == 3 else (offs.shape[0], a.shape[0], b.shape[-1])
