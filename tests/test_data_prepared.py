@@ -23,7 +23,16 @@ from scalevec.data import (
 from scalevec.data.prepared import held_out_documents
 from scalevec.data.tokenization import DocumentEncoder, text_pieces, token_dtype
 
-from ._helpers import corpus_texts, packed, run_python, tiny_config, tiny_trainer, write_dataset
+from ._helpers import (
+    corpus_texts,
+    log_history,
+    packed,
+    run_python,
+    tiny_config,
+    tiny_trainer,
+    train_argv,
+    write_dataset,
+)
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +194,7 @@ def test_a_prepared_folder_made_otherwise_is_refused_naming_both(tokenizer, tmp_
     with pytest.raises(DataError) as raised:
         build_training_data(DataArguments(dataset=str(tmp_path / "p"), seq_len=16), other, seed=0)
     message = str(raised.value)
-    assert message.startswith(f"--dataset {tmp_path / 'p'} was prepared with tokenizer {tokenizer.name_or_path} (")
+    assert message.startswith(f"--dataset {tmp_path / 'p'} was prepared with tokenizer the embedded byte-level BPE (")
     assert "this run uses tokenizer" in message and message.count("--seq-len 16") == 2
 
 
@@ -248,3 +257,27 @@ def test_a_50_mb_line_is_prepared_in_bounded_memory(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["tokens"] > 5_000_000
     assert report["growth_mb"] < 400, report
+
+
+def test_scalevec_data_prepares_a_folder_that_training_uses_as_it_is(tmp_path, capsys, monkeypatch):
+    from scalevec.data.cli import main as data_main
+    from scalevec.train.cli import main as train_main
+
+    path = write_dataset(tmp_path / "data", "jsonl", corpus_texts(400))
+    folder = tmp_path / "prepared"
+    argv = ["prepare", str(path), "--output", str(folder), "--seq-len", "32", "--eval-every", "10", "--quiet"]
+    assert data_main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"prepared {folder}" in out and "blocks of 32 tokens stored as uint16" in out
+    assert data_main(["info", str(folder)]) == 0 and "'eval_every': 10" in capsys.readouterr().out
+    assert data_main(argv) == 1
+    assert capsys.readouterr().err == f"scalevec-data: error: {folder} already exists (nothing is overwritten)\n"
+
+    calls = count_encodings(monkeypatch)
+    argv = train_argv(tmp_path / "run", "--dataset", str(folder), "--eval-strategy", "steps", "--eval-steps", "2")
+    argv = [flag for flag, previous in zip(argv, ["", *argv]) if "--seq-len" not in (flag, previous)]
+    assert train_main(argv) == 0
+    assert calls == []  # trained from the folder: nothing tokenised again, its --seq-len taken
+    assert [entry["eval_loss"] for entry in log_history(tmp_path / "run") if "eval_loss" in entry]
+    record = json.loads((tmp_path / "run" / "training_data.json").read_text())
+    assert record["seq_len"] == 32 and record["sources"][0]["folder"] == str(folder)
