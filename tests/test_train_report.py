@@ -55,7 +55,7 @@ def test_the_plan_states_model_tokens_data_and_device(run):
     total = sum(p.numel() for p in model.parameters())
     embeddings = model.get_input_embeddings().weight.numel() + model.get_output_embeddings().weight.numel()
     assert f": {total:,} parameters, {total - embeddings:,} without embeddings," in plan
-    assert "4 blocks × 32 tokens × 1 processes × 1 accumulation steps = 128 tokens per optimizer step" in plan
+    assert "4 blocks × 32 tokens × 1 process × 1 accumulation step = 128 tokens per optimizer step" in plan
     assert f"6 steps = 768 tokens = {768 / total:.2f} tokens per parameter" in plan
     record = json.loads((output / "training_data.json").read_text())
     source = record["sources"][0]

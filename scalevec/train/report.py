@@ -64,6 +64,10 @@ def parameter_counts(model: torch.nn.Module) -> tuple[int, int, int]:
     return total, without, base.num_scale_parameters()
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}" if number == 1 else f"{number:,} {noun}{'es' if noun.endswith('s') else 's'}"
+
+
 def _data_line(source: dict) -> str:
     if source["kind"] == "streamed":
         return f"{source['name']}: streamed from {source['shards']:,} shards, weight {source['weight']:g}"
@@ -84,8 +88,9 @@ def plan(model: torch.nn.Module, args, data: TrainingData) -> str:
     lines = [
         f"model        ScaleVec {strategy}, {kind}: {total:,} parameters, {without_embeddings:,} without "
         f"embeddings, {scales:,} in scale vectors ({100 * scales / total:.2f} %)",
-        f"batch        {args.per_device_train_batch_size} blocks × {data.seq_len} tokens × {args.world_size} "
-        f"processes × {args.gradient_accumulation_steps} accumulation steps = {per_step:,} tokens per optimizer step",
+        f"batch        {_count(args.per_device_train_batch_size, 'block')} × {data.seq_len} tokens × "
+        f"{_count(args.world_size, 'process')} × {_count(args.gradient_accumulation_steps, 'accumulation step')} = "
+        f"{per_step:,} tokens per optimizer step",
         f"length       {steps:,} steps = {steps * per_step:,} tokens = {steps * per_step / total:.2f} tokens per "
         "parameter (Chinchilla's compute-optimal ratio is about 20)",
     ]
