@@ -397,9 +397,8 @@ def test_choices_of_another_processs_experts_add_nothing_under_expert_parallelis
     The grouped matmuls leave those rows uninitialised, here NaN: neither the output nor a gradient may see them,
     as in transformers' own experts."""
     monkeypatch.setattr(scaled_ops, "_use_grouped_mm", lambda *operands: False)  # the loop, whose output we poison
-    monkeypatch.setattr(
-        scaled_ops, "_grouped_mm_shape", lambda a, b, offs: torch.full(_shape(a, b, offs), float("nan"))
-    )
+    allocate = scaled_ops._grouped_mm_shape
+    monkeypatch.setattr(scaled_ops, "_grouped_mm_shape", lambda *operands: allocate(*operands).fill_(float("nan")))
     torch.manual_seed(0)
     model = ScaleVecForCausalLM(tiny_moe_config(scale_preset=preset, num_experts=2)).train()
     randomize_scales(model)
@@ -416,7 +415,3 @@ def test_choices_of_another_processs_experts_add_nothing_under_expert_parallelis
     experts._is_expert_parallel = False
     monkeypatch.undo()
     torch.testing.assert_close(out, experts(hidden, local, weights), rtol=1e-6, atol=1e-6)
-
-
-def _shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> tuple[int, ...]:
-    return (a.shape[0], b.shape[-1]) if b.ndim == 3 else (offs.shape[0], a.shape[0], b.shape[-1])

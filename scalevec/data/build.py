@@ -130,12 +130,17 @@ class DataArguments:
             raise ValueError(f"--dataset-weights must all be positive; got {self.dataset_weights}")
         return weights
 
+    def first_prepared(self) -> PreparedMetadata | None:
+        """What the first `--dataset` entry that is a prepared folder holds, if one is."""
+        prepared = next((entry for entry in self.entries() if is_prepared(entry)), None)
+        return PreparedMetadata.read(Path(prepared)) if prepared else None
+
     def resolved_seq_len(self) -> int:
         """`--seq-len`; else a prepared `--dataset`'s; else the default."""
         if self.seq_len is not None:
             return self.seq_len
-        prepared = [entry for entry in self.entries() if is_prepared(entry)]
-        return PreparedMetadata.read(Path(prepared[0])).seq_len if prepared else DEFAULT_SEQ_LEN
+        prepared = self.first_prepared()
+        return prepared.seq_len if prepared else DEFAULT_SEQ_LEN
 
     @property
     def held_out_every(self) -> int:
@@ -159,10 +164,8 @@ def load_tokenizer(args: DataArguments) -> PreTrainedTokenizerBase:
     """`--tokenizer`; else the tokenizer a prepared `--dataset` was made with; else the embedded one."""
     if args.tokenizer:
         return _named_tokenizer(args.tokenizer)
-    prepared = [entry for entry in args.entries() if is_prepared(entry)]
-    if prepared:
-        return AutoTokenizer.from_pretrained(Path(prepared[0]) / TOKENIZER_FOLDER)
-    return default_tokenizer()
+    prepared = next((entry for entry in args.entries() if is_prepared(entry)), None)
+    return AutoTokenizer.from_pretrained(Path(prepared) / TOKENIZER_FOLDER) if prepared else default_tokenizer()
 
 
 def _named_tokenizer(name: str) -> PreTrainedTokenizerBase:
@@ -343,8 +346,8 @@ class _Builder:
     def _tokenizer_label(self) -> str:
         """The tokenizer's name for people: as given, or as recorded by the prepared folder it came from, the
         embedded one by that name rather than by its cache folder."""
-        prepared = [entry for entry in self.args.entries() if is_prepared(entry)]
-        name = self.args.tokenizer or (PreparedMetadata.read(Path(prepared[0])).tokenizer_name if prepared else "")
+        prepared = self.args.first_prepared()
+        name = self.args.tokenizer or (prepared.tokenizer_name if prepared else "")
         return f"{_display_name(name)} ({len(self.tokenizer):,} tokens)"
 
     def _label(self, entry: str) -> str:
