@@ -230,7 +230,7 @@ class _Builder:
         for source, count in zip(sources, getattr(train, "places", [len(train)])):
             source["share"] = count / len(train)
             source["passes"] = count / source["blocks"] if source["blocks"] else 0.0
-        held_out = [folder for folder in folders if "eval" in PreparedMetadata.read(folder).splits]
+        held_out = [split.folder for split in blocks if "eval" in split.metadata.splits]
         held_out = held_out if args.held_out_every else []  # `--eval-every 0`: no evaluation
         return self._finish(train, sources, self._evaluation(held_out, "eval"))
 
