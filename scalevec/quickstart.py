@@ -23,6 +23,7 @@ from .convert.card import card_writer
 from .convert.errors import ConversionError
 from .convert.pipeline import OutputOptions, export_checkpoint
 from .data.build import EMBEDDED
+from .data.held_out import recorded_evaluation
 from .data.prepared import TOKENIZER_FOLDER, PreparedMetadata
 from .run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, duration_text, read_json
 from .train.cli import parse_arguments, train
@@ -89,14 +90,15 @@ def baselines(run_dir: Path) -> dict[str, float] | None:
     zlib's bits per byte on the held-out text. None where the run's data was not prepared with a held-out split."""
     record = read_json(run_dir / TRAINING_DATA) or {}
     folders = [Path(source["folder"]) for source in record.get("sources", []) if "folder" in source]
-    if not folders or not all((folder / "eval.bin").is_file() for folder in folders):
+    if not folders or not (record.get("eval") or {}).get("sets"):
         return None
     metadata = PreparedMetadata.read(folders[0])
     counts = np.ones(metadata.vocab_size)
     for folder in folders:
         counts += np.bincount(np.fromfile(folder / "train.bin", dtype=metadata.dtype), minlength=len(counts))
-    held_out = np.concatenate([np.fromfile(folder / "eval.bin", dtype=metadata.dtype) for folder in folders])
-    predicted = held_out.reshape(-1, metadata.seq_len)[:, 1:]  # what the eval loss scores: all but a block's first
+    blocks = [block["input_ids"] for part in recorded_evaluation(record["eval"]).values() for block in part]
+    held_out = np.concatenate(blocks)
+    predicted = np.stack(blocks)[:, 1:]  # what the eval loss scores: all but a block's first
     text = AutoTokenizer.from_pretrained(folders[0] / TOKENIZER_FOLDER).decode(held_out).encode()
     return {
         "uniform": math.log(metadata.vocab_size),

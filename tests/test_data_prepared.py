@@ -173,7 +173,8 @@ def test_raw_data_is_prepared_once_and_reused(tokenizer, tmp_path, monkeypatch):
         first.train[i]["input_ids"].tolist() for i in range(5)
     ]
     assert any("(reused)" in note for note in second.notes)
-    assert second.record["sources"][0]["blocks"] == len(first.train) and second.bytes_per_token > 1
+    assert second.record["sources"][0]["blocks"] == len(first.train)
+    assert len(second.eval) == second.record["eval"]["evaluated_blocks"] > 0
     path.write_text(path.read_text() + json.dumps({"text": "one more document"}) + "\n")
     build_training_data(args, tokenizer, seed=0, progress=False)  # the file changed: prepared again
     assert sum(calls) > 0 and len(list((tmp_path / "cache").iterdir())) == 2

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from .corpus import cache_dir, default_corpus_file, default_tokenizer
+from .held_out import DEFAULT_EVAL_TOKENS, HeldOutSet, evaluation_sets, parse_token_budget, set_names
 from .mixture import WeightedMixture
 from .prepared import (
     TOKENIZER_FOLDER,
@@ -76,6 +77,13 @@ class DataArguments:
     )
     max_documents: int | None = field(default=None, metadata={"help": "Use only the first n documents."})
     max_eval_documents: int = field(default=2000, metadata={"help": "At most this many held-out documents."})
+    max_eval_tokens: str = field(
+        default=str(DEFAULT_EVAL_TOKENS),
+        metadata={
+            "help": f"Tokens each evaluation reads (default {DEFAULT_EVAL_TOKENS:,}): a fixed subset of the held-out "
+            "blocks, the same at every evaluation; 'all' for the whole held-out data."
+        },
+    )
     num_proc: int = field(
         default=1,
         metadata={"help": "Processes that tokenise while preparing (one process already runs on every core)."},
@@ -107,14 +115,19 @@ class DataArguments:
         if self.streaming and self.max_documents is not None:
             raise ValueError("--max-documents applies to prepared data, not to --streaming")
         self.weights()  # checked now, before anything is built
+        self.eval_token_budget()
 
     def entries(self) -> list[str]:
         if self.dataset is None:
             return [str(default_corpus_file())]
-        entries = [entry.strip() for entry in self.dataset.split(",")]
-        if not all(entries):
-            raise ValueError(f"--dataset {self.dataset!r}: an empty entry")
-        return entries
+        return _split_entries(self.dataset, "--dataset")
+
+    def eval_entries(self) -> list[str]:
+        return _split_entries(self.eval_dataset, "--eval-dataset") if self.eval_dataset else []
+
+    def eval_token_budget(self) -> int | None:
+        """Tokens each evaluation reads; None: all the held-out data."""
+        return parse_token_budget(self.max_eval_tokens)
 
     def weights(self) -> list[float] | None:
         if self.dataset_weights is None:
@@ -149,11 +162,17 @@ class DataArguments:
         return 0 if self.eval_dataset else DEFAULT_EVAL_EVERY
 
 
+def _split_entries(text: str, flag: str) -> list[str]:
+    entries = [entry.strip() for entry in text.split(",")]
+    if not all(entries):
+        raise ValueError(f"{flag} {text!r}: an empty entry")
+    return entries
+
+
 @dataclass
 class TrainingData:
     train: torch.utils.data.Dataset | datasets.IterableDataset
-    eval: torch.utils.data.Dataset | None
-    bytes_per_token: float | None  # of the held-out text, for bits per byte
+    eval: torch.utils.data.Dataset | dict[str, torch.utils.data.Dataset] | None  # what each evaluation reads
     seq_len: int
     record: dict  # what the run records about its data (sources, sizes, weights)
     notes: list[str] = field(default_factory=list)  # what the run says about its data at its start
@@ -230,9 +249,7 @@ class _Builder:
         for source, count in zip(sources, getattr(train, "places", [len(train)])):
             source["share"] = count / len(train)
             source["passes"] = count / source["blocks"] if source["blocks"] else 0.0
-        held_out = [split.folder for split in blocks if "eval" in split.metadata.splits]
-        held_out = held_out if args.held_out_every else []  # `--eval-every 0`: no evaluation
-        return self._finish(train, sources, self._evaluation(held_out, "eval"))
+        return self._finish(train, sources, self._evaluation(entries, folders, weights))
 
     def streamed(self, entries: list[str], seed: int, rank: int, world_size: int) -> TrainingData:
         sources, held_out, folders = [], [], []
@@ -257,10 +274,10 @@ class _Builder:
             {"name": self._label(entry), "kind": "streamed", "shards": len(source.shards()), "weight": weight}
             for entry, source, weight in zip(entries, sources, weights)
         ]
-        return self._finish(train, described, self._evaluation(folders, "eval"))
+        return self._finish(train, described, self._evaluation(entries, folders, weights))
 
     def _finish(self, train, sources: list[dict], evaluation: tuple) -> TrainingData:
-        eval_set, bytes_per_token, eval_record = evaluation
+        eval_sets, eval_record = evaluation
         record = {
             "seq_len": self.seq_len,
             "tokenizer": self._tokenizer_label(),
@@ -269,29 +286,52 @@ class _Builder:
             "sources": sources,
             "eval": eval_record,
         }
-        return TrainingData(train, eval_set, bytes_per_token, self.seq_len, record, self.notes, self.warnings)
+        return TrainingData(train, eval_sets, self.seq_len, record, self.notes, self.warnings)
 
-    def _evaluation(self, folders: list[Path], split: str) -> tuple:
-        """(held-out blocks, bytes per token, record) from `split` of `folders`, or of `--eval-dataset`."""
+    def _evaluation(self, entries: list[str], folders: list[Path], weights: list[float]) -> tuple:
+        """(what each evaluation reads, record): the held-out splits of the training sources (each weighted as in
+        the mixture), or the sets of `--eval-dataset` (weighted by size); `--max-eval-tokens` of them in all."""
         if self.args.eval_dataset:
+            names, split = self.args.eval_entries(), "train"
             options = PrepareOptions(self.seq_len, 0, 0, max_documents=self.args.max_eval_documents)
-            folders, split = [self._prepared_folder(self.args.eval_dataset, options)], "train"
-        if not folders:
-            return None, None, None
-        parts = [PreparedBlocks(folder, split) for folder in folders]
-        infos = [part.metadata.splits[split] for part in parts]
-        blocks, tokens = sum(len(part) for part in parts), sum(info.tokens + info.dropped_tokens for info in infos)
-        name = self.args.eval_dataset or "documents held out of the training data"
-        record = {"name": name, "blocks": blocks, "tokens": tokens}
+            folders = [self._prepared_folder(entry, options) for entry in names]
+            weights = [PreparedMetadata.read(folder).splits[split].blocks for folder in folders]  # as if one set
+        elif self.args.held_out_every:
+            names, split = [self._label(entry) for entry in entries], "eval"
+        else:
+            return None, None
+        sets = [
+            HeldOutSet(name, PreparedBlocks(folder, split), weight)
+            for name, folder, weight in zip(set_names(names), folders, weights)
+            if split in PreparedMetadata.read(folder).splits
+        ]
+        if not sets:
+            return None, None
+        infos = [held_out.blocks.metadata.splits[split] for held_out in sets]
+        blocks, tokens = sum(info.blocks for info in infos), sum(info.tokens + info.dropped_tokens for info in infos)
+        record = {"name": self.args.eval_dataset or "documents held out of the training data", "blocks": blocks}
+        record["tokens"] = tokens
         if blocks == 0:
             self.warnings.append(
                 f"no evaluation: the held-out data ({tokens} tokens) holds no complete block of --seq-len "
                 f"{self.seq_len} tokens (hold out more with --eval-every / --max-eval-documents)"
             )
-            return None, None, record
-        bytes_per_token = sum(info.bytes for info in infos) / tokens
-        eval_set = parts[0] if len(parts) == 1 else torch.utils.data.ConcatDataset(parts)
-        return eval_set, bytes_per_token, record
+            return None, record
+        chosen = evaluation_sets(sets, self.seq_len, self.args.eval_token_budget())
+        record["evaluated_blocks"] = sum(len(subset) for subset in chosen.values())
+        record["evaluated_tokens"] = record["evaluated_blocks"] * self.seq_len
+        # Enough to find the evaluated blocks again: `evaluation_blocks(blocks, evaluated_blocks)` of each split.
+        record["sets"] = [
+            {
+                "name": held_out.name,
+                "folder": str(held_out.blocks.folder),
+                "split": split,
+                "blocks": len(held_out.blocks),
+                "evaluated_blocks": len(chosen.get(held_out.name, ())),
+            }
+            for held_out in sets
+        ]
+        return (chosen if len(sets) > 1 else next(iter(chosen.values()))), record
 
     def _prepared_folder(self, entry: str, options: PrepareOptions) -> Path:
         if is_prepared(entry):

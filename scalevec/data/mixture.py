@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import torch
 
 
-def places(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
-    """Largest-remainder rounding of `weights` (normalised) times the total size, summing to that total."""
-    total, weight_sum = sum(sizes), sum(weights)
+def places(total: int, weights: Sequence[float]) -> list[int]:
+    """Largest-remainder rounding of `weights` (normalised) times `total`, summing to `total`."""
+    weight_sum = sum(weights)
     exact = [total * weight / weight_sum for weight in weights]
     counts = [int(value) for value in exact]
     by_remainder = sorted(range(len(exact)), key=lambda k: exact[k] - counts[k], reverse=True)
@@ -28,7 +28,7 @@ class WeightedMixture(torch.utils.data.Dataset):
     def __init__(self, sources: Sequence[torch.utils.data.Dataset], weights: Sequence[float]):
         self.sources = list(sources)
         self.sizes = [len(source) for source in self.sources]
-        self.places = places(self.sizes, weights)
+        self.places = places(sum(self.sizes), weights)
         self.starts = [0]
         for count in self.places:
             self.starts.append(self.starts[-1] + count)

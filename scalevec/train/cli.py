@@ -31,7 +31,7 @@ from ..atomic import (
 from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..data import DataArguments, PackedBlockCollator, build_training_data, check_vocabulary, load_tokenizer
 from ..modeling_scalevec import ScaleVecForCausalLM
-from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA
+from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, logged_entries
 from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES
 from .report import describe_summary, plan, summary
@@ -171,8 +171,6 @@ def _train(
             print(note, flush=True)
         for warning in data.warnings:
             print(f"scalevec-train: warning: {warning}", flush=True)
-    if data.eval is None and training_args.eval_strategy != "no":
-        raise ValueError("evaluation was asked for but the held-out split is empty (--eval-every 0, or too few data)")
     flatten = is_flash_attention_requested(model.config)
     trainer = ScaleVecTrainer(
         model=model,
@@ -181,14 +179,13 @@ def _train(
         eval_dataset=data.eval,
         data_collator=PackedBlockCollator(tokenizer.eos_token_id, data_args.document_masking, flatten),
         processing_class=tokenizer,
-        bytes_per_token=data.bytes_per_token,
         seq_len=data.seq_len,
     )
     if training_args.should_log:
         print(plan(trainer.model, training_args, data), flush=True)
     metrics = _run(trainer, checkpoint)
     if data.eval is not None:
-        metrics.update(trainer.evaluate())
+        metrics.update(_final_evaluation(trainer))
     figures = summary(trainer, metrics)
     _save_result(trainer, metrics, data.record, figures)
     if training_args.should_log:
@@ -231,6 +228,14 @@ def _run(trainer: ScaleVecTrainer, checkpoint: CheckpointContent | None) -> dict
     trainer._load_from_checkpoint(str(checkpoint.path))
     trainer.state = TrainerState.load_from_json(str(checkpoint.path / TRAINER_STATE_NAME))
     return {}
+
+
+def _final_evaluation(trainer: ScaleVecTrainer) -> dict:
+    """The evaluation after the last step: the periodic one of that step where there was one, else a new one."""
+    evaluations = logged_entries(trainer.state.log_history, "eval_loss")
+    if evaluations and evaluations[-1]["step"] == trainer.state.global_step:
+        return {key: value for key, value in evaluations[-1].items() if key.startswith("eval_")}
+    return trainer.evaluate()
 
 
 def _save_result(trainer: ScaleVecTrainer, metrics: dict, data_record: dict, figures: dict) -> None:

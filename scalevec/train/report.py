@@ -95,15 +95,7 @@ def plan(model: torch.nn.Module, args, data: TrainingData) -> str:
         "parameter (Chinchilla's compute-optimal ratio is about 20)",
     ]
     lines += [f"data         {_data_line(source)}" for source in data.record["sources"]]
-    held_out = data.record.get("eval")
-    if held_out and data.eval is not None:
-        when = "at the end" if args.eval_strategy == "no" else f"every {args.eval_steps or args.logging_steps} steps"
-        lines.append(
-            f"held out     {held_out['name']}: {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks)"
-            f", evaluated {when}"
-        )
-    else:
-        lines.append("held out     nothing: no evaluation")
+    lines.append(f"held out     {_evaluation_line(args, data, steps * per_step)}")
     saving = "none (--save-strategy no)" if args.save_strategy == "no" else _checkpoint_cadence(args)
     lines.append(f"checkpoints  {saving}")
     peak = peak_flops(args)
@@ -114,6 +106,33 @@ def plan(model: torch.nn.Module, args, data: TrainingData) -> str:
     lines.append(f"device       {hardware(args)}, {_precision(args)}")
     lines.append(f"output       {args.output_dir}")
     return "\n".join(["== scalevec-train: the plan ==", *lines])
+
+
+def evaluations_planned(args, steps: int) -> int:
+    """Evaluations in a run of `steps` steps: every `--eval-steps` (a fraction: of all steps), and one at the end."""
+    if args.eval_strategy != "steps":
+        return 1 if args.eval_strategy == "no" else math.ceil(args.num_train_epochs)
+    every = math.ceil(args.eval_steps * steps) if args.eval_steps < 1 else int(args.eval_steps)
+    return steps // every + (steps % every != 0)
+
+
+def _evaluation_line(args, data: TrainingData, train_tokens: int) -> str:
+    held_out = data.record.get("eval")
+    if not held_out or data.eval is None:
+        return "nothing: no evaluation"
+    evaluated, count = held_out["evaluated_tokens"], evaluations_planned(args, planned_steps(args, data))
+    subset = "all of it" if evaluated == held_out["blocks"] * data.seq_len else "a fixed subset"
+    sets = held_out["sets"]
+    counts = ", ".join(f"{held['name']} {held['evaluated_blocks']:,}" for held in sets)
+    per_set = f" ({counts})" if len(sets) > 1 else ""
+    when = f"{_count(count, 'time')}: every {args.eval_steps:g} steps and at the end" if count > 1 else "at the end"
+    # A forward pass costs about a third of a training step's forward and backward.
+    share = 100 * count * evaluated / (3 * train_tokens)
+    return (
+        f"{held_out['name']}: {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks); each evaluation reads "
+        f"{evaluated:,} tokens ({held_out['evaluated_blocks']:,} blocks{per_set}, {subset}; --max-eval-tokens), "
+        f"{when}, about {share:.2g} % of the training compute"
+    )
 
 
 def _checkpoint_cadence(args) -> str:
@@ -145,6 +164,26 @@ def summary(trainer, metrics: dict) -> dict:
     return figures
 
 
+def _evaluation_lines(evaluation: dict) -> list[str]:
+    """The held-out figures: over all sets, then each set of a per-set evaluation (`eval_<name>_loss`)."""
+    if "eval_loss" not in evaluation:
+        return ["eval         none (no held-out data)"]
+    names = [key[5:-5] for key in evaluation if key.endswith("_loss") and key != "eval_loss"]
+    lines = []
+    for label, prefix in [("eval        ", "eval"), *((f"  {name:<10}", f"eval_{name}") for name in names)]:
+        parts = [f"loss {evaluation[f'{prefix}_loss']:.4f} nats per token"]
+        if f"{prefix}_perplexity" in evaluation:
+            parts.append(f"perplexity {evaluation[f'{prefix}_perplexity']:.1f}")
+        if f"{prefix}_bits_per_byte" in evaluation:
+            parts.append(f"{evaluation[f'{prefix}_bits_per_byte']:.3f} bits per byte")
+        if f"{prefix}_tokens" in evaluation:
+            parts.append(f"{evaluation[f'{prefix}_tokens']:,} tokens")
+        lines.append(f"{label} {', '.join(parts)}")
+    if "eval_runtime" in evaluation:
+        lines[0] += f" in {duration_text(evaluation['eval_runtime'])}"
+    return lines
+
+
 def describe_summary(figures: dict, written: list[str]) -> str:
     """The end-of-run block."""
     lines = ["== scalevec-train: done =="]
@@ -161,15 +200,6 @@ def describe_summary(figures: dict, written: list[str]) -> str:
             f"train loss   {figures['final_train_loss']:.4f} at step {figures['final_train_loss_step']} "
             f"(the last logged{mean})"
         )
-    evaluation = figures["eval"]
-    if "eval_loss" in evaluation:
-        parts = [f"loss {evaluation['eval_loss']:.4f} nats per token"]
-        if "eval_perplexity" in evaluation:
-            parts.append(f"perplexity {evaluation['eval_perplexity']:.1f}")
-        if "eval_bits_per_byte" in evaluation:
-            parts.append(f"{evaluation['eval_bits_per_byte']:.3f} bits per byte")
-        lines.append(f"eval         {', '.join(parts)}")
-    else:
-        lines.append("eval         none (no held-out data)")
+    lines += _evaluation_lines(figures["eval"])
     lines.append(f"written to   {figures['output_dir']}: {', '.join(written)}")
     return "\n".join(lines)

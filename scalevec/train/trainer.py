@@ -1,30 +1,38 @@
 """`ScaleVecTrainer`: the stock Trainer with role-aware weight decay, Muon, held-out LM metrics, a stop on a
 non-finite loss, atomic checkpoints, and streamed data that resumes from its saved position."""
 
+import inspect
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import datasets
-import evaluate
-import numpy as np
 import torch
 from transformers import Trainer, TrainingArguments
+from transformers.integrations.deepspeed import deepspeed_init
 from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, sort_checkpoints
+from transformers.trainer_utils import (
+    PREFIX_CHECKPOINT_DIR,
+    get_last_checkpoint,
+    has_length,
+    sort_checkpoints,
+    speed_metrics,
+)
 from transformers.utils import logging
 from transformers.utils.output_capturing import maybe_install_capturing_hooks
 
 from ..atomic import commit_folder, remove_folder, write_text_atomically, writes_into
+from ..data.sampler import ShuffledBlockSampler
 from ..modeling_scalevec import ScaleVecModel
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback
+from .evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, token_byte_lengths
 from .optim import DecayConfig, MuonAdamW, describe_groups, parameter_groups
 from .throughput import ThroughputCallback
 
 logger = logging.get_logger(__name__)
-METRIC_PATH = Path(__file__).parent / "lm_metrics" / "lm_metrics.py"
 _ADAMW = {"adamw_torch", "adamw_torch_fused"}
 # `checkpoint-N` is written as `.checkpoint-N.staging/checkpoint-N`: hidden from `checkpoint-*` globs until done.
 STAGING_SUFFIX = ".staging"
@@ -49,6 +57,14 @@ class ScaleVecTrainingArguments(TrainingArguments):
     )
     warmup_steps: float = field(default=0.05, metadata={"help": "Warmup steps, or a fraction (< 1) of all steps."})
     logging_steps: float = field(default=10, metadata={"help": "Log every n steps (or a fraction of all steps)."})
+    eval_strategy: str = field(
+        default="steps",
+        metadata={"help": "When to evaluate on the held-out data: 'steps' (every --eval-steps), 'epoch' or 'no'."},
+    )
+    eval_steps: float | None = field(
+        default=1000,
+        metadata={"help": "Evaluate every n steps (or a fraction of all steps); and always at the end of a run."},
+    )
     optim: str = field(
         default="adamw_torch_fused",
         metadata={"help": "'muon' (Muon on hidden matrices, AdamW on the rest) or any transformers optimizer name."},
@@ -134,13 +150,6 @@ def _check_values(args: "ScaleVecTrainingArguments") -> None:
             refuse(name, "at least 0 and below 1")
 
 
-def token_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-position negative log-likelihood of the next token (what the Trainer keeps of the logits)."""
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].float().transpose(1, 2), labels[:, 1:], ignore_index=-100, reduction="none"
-    )
-
-
 def _install_output_hooks(model: torch.nn.Module) -> None:
     """transformers installs the hooks that record router logits on a model's first call, under a lock that
     torch.compile cannot trace: graph breaks that split every compiled step after it too. Install them first."""
@@ -154,21 +163,25 @@ class ScaleVecTrainer(Trainer):
     decayed, output-role scales not. The stock Trainer exempts every parameter named "norm" from weight decay,
     which the paper shows is wrong for input-norm scales."""
 
-    def __init__(self, *args, bytes_per_token: float | None = None, seq_len: int | None = None, **kwargs):
-        """`bytes_per_token` of the held-out text gives bits per byte; `seq_len`, the length of the training
-        sequences, gives the model FLOPs (and MFU) that each training log reports beside tokens per second."""
-        if kwargs.get("compute_metrics") is None and kwargs.get("eval_dataset") is not None:
-            kwargs["compute_metrics"] = self._lm_metrics
-            kwargs["preprocess_logits_for_metrics"] = token_nll
+    def __init__(self, *args, seq_len: int | None = None, **kwargs):
+        """`seq_len`, the length of the training sequences, gives the model FLOPs (and MFU) that each training log
+        reports beside tokens per second. Without `compute_metrics`, evaluation reads each held-out block once
+        over all processes and reports loss, perplexity, bits per byte (from the tokenizer's `processing_class`)
+        and tokens from sums (`evaluate`); with it, the stock evaluation loop runs."""
         self._staging_run_dir: Path | None = None  # set while a checkpoint is being written (`_save_checkpoint`)
         self._stream_loader = None  # the loader of a streamed training dataset (`get_train_dataloader`)
         self._resumed_from: Path | None = None  # the checkpoint `train` resumes from
+        self._token_bytes: torch.Tensor | None = None  # bytes of text per token id, for bits per byte
         # `--resume-weights-only`: the checkpoint lacks optimizer or scheduler state, and both start afresh.
         self.fresh_optimizer_on_resume = False
-        super().__init__(*args, **kwargs)
+        bound = inspect.signature(Trainer.__init__).bind(self, *args, **kwargs)
+        training_args = bound.arguments.get("args")
+        if training_args is not None and bound.arguments.get("eval_dataset") is None:
+            # The pretraining default evaluates periodically; with nothing held out there is nothing to evaluate.
+            bound.arguments["args"] = replace(training_args, eval_strategy="no")
+        super().__init__(*bound.args[1:], **bound.kwargs)
         if self.args.torch_compile:
             _install_output_hooks(self.model)
-        self.bytes_per_token = bytes_per_token
         callbacks = self.callback_handler.callbacks
         # Before every logger (after the Trainer's flow control), so that each logger gets what these add.
         self.throughput = ThroughputCallback(seq_len, getattr(self.args, "peak_flops", None))
@@ -206,7 +219,7 @@ class ScaleVecTrainer(Trainer):
         """The stream continues from the position saved with the checkpoint, instead of reading (and
         tokenising) everything consumed before it again."""
         if dataloader is not self._stream_loader:
-            return super().get_resumed_dataloader(dataloader, num_batches)
+            return self._resumed_block_dataloader(dataloader, num_batches)
         saved = sorted(self._resumed_from.glob(DATA_STATE.format(rank="*")))
         if len(saved) != self.args.world_size:
             raise ValueError(
@@ -217,12 +230,94 @@ class ScaleVecTrainer(Trainer):
         dataloader.load_state_dict(json.loads(state.read_text()))
         return dataloader
 
-    def _lm_metrics(self, prediction) -> dict[str, float]:
-        nll, labels = np.asarray(prediction.predictions), np.asarray(prediction.label_ids)[:, 1:]
-        metric = evaluate.load(str(METRIC_PATH), keep_in_memory=True)
-        return metric.compute(
-            predictions=nll.reshape(-1), references=(labels != -100).reshape(-1), bytes_per_token=self.bytes_per_token
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Loss, perplexity, bits per byte and evaluated tokens on the held-out blocks (each set of a dict named in
+        the metrics, `eval_<name>_loss`, beside the combined `eval_loss`), each block read once over all
+        processes and the sums all-reduced; the stock loop where the trainer was given `compute_metrics`."""
+        if self.compute_metrics is not None or self.preprocess_logits_for_metrics is not None:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        sets = self._held_out_sets(eval_dataset)
+        if sets is None:  # blocks without a length: the stock loop, which needs none
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        self._memory_tracker.start()
+        start = time.time()
+        model = self._evaluation_model()
+        model.eval()
+        if self._token_bytes is None and (lengths := token_byte_lengths(self.processing_class)) is not None:
+            self._token_bytes = torch.from_numpy(lengths).to(self.args.device)
+        evaluation = BlockEvaluation(
+            self.args.process_index,
+            self.args.world_size,
+            self.args.eval_batch_size,
+            self._get_collator_with_removed_columns(self.data_collator, description="evaluation"),
+            self.args.device,
+            self.compute_loss_context_manager,
         )
+        sums = torch.stack([evaluation.sums(model, blocks, self._token_bytes) for blocks in sets.values()])
+        if self.args.world_size > 1:
+            torch.distributed.all_reduce(sums)
+        by_set = {name: HeldOutSums(row[0], round(row[1]), round(row[2])) for name, row in zip(sets, sums.tolist())}
+        metrics = held_out_metrics(by_set, metric_key_prefix, per_set=isinstance(next(iter(sets)), str))
+        blocks, tokens = sum(len(blocks) for blocks in sets.values()), metrics[f"{metric_key_prefix}_tokens"]
+        metrics.update(speed_metrics(metric_key_prefix, start, num_samples=blocks, num_tokens=tokens))
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        self._memory_tracker.stop_and_update_metrics(metrics)
+        return metrics
+
+    def _resumed_block_dataloader(self, dataloader, num_batches: int):
+        """The training order from the position after `num_batches` batches of each process, computed directly
+        instead of drawing and dropping every index before it."""
+        batches = getattr(dataloader, "batch_sampler", None)
+        batches = getattr(batches, "batch_sampler", batches)  # accelerate's shard of the batches, over processes
+        sampler = getattr(batches, "sampler", None)
+        if not isinstance(sampler, ShuffledBlockSampler) or not sampler.whole_batches:
+            return super().get_resumed_dataloader(dataloader, num_batches)
+        resumed = sampler.resumed(num_batches * sampler.global_batch)
+        return self._get_dataloader(
+            self.train_dataset, "Training", self._train_batch_size, sampler_fn=lambda _: resumed, is_training=True
+        )
+
+    def _held_out_sets(self, eval_dataset) -> dict | None:
+        """The sets to evaluate, by name (a single set under the name None), or None if one has no length."""
+        if isinstance(eval_dataset, str):
+            sets = {None: self.eval_dataset[eval_dataset]}
+        else:
+            chosen = self.eval_dataset if eval_dataset is None else eval_dataset
+            if chosen is None:
+                raise ValueError("Trainer: evaluation requires an eval_dataset.")
+            sets = dict(chosen) if isinstance(chosen, dict) else {None: chosen}
+        for name, blocks in sets.items():
+            if isinstance(blocks, datasets.Dataset):
+                sets[name] = self._remove_unused_columns(blocks, description="evaluation")
+        return sets if all(has_length(blocks) for blocks in sets.values()) else None
+
+    def _evaluation_model(self) -> torch.nn.Module:
+        """The model to evaluate, prepared by accelerate as the stock evaluation loop prepares it before training."""
+        if self.is_deepspeed_enabled and self.deepspeed is None:
+            deepspeed_init(self, num_training_steps=0, inference=True)
+        model = self._wrap_model(self.model, training=False)
+        if len(self.accelerator._models) == 0 and model is self.model:
+            prepare_whole = self.is_deepspeed_enabled or (self.is_fsdp_enabled and not self.args.torch_compile)
+            model = (
+                self.accelerator.prepare(model)
+                if prepare_whole
+                else self.accelerator.prepare_model(model, evaluation_mode=True)
+            )
+            if self.is_fsdp_enabled:
+                self.model = model
+            if model is not self.model:
+                self.model_wrapped = model
+        return model
+
+    def _get_train_sampler(self, train_dataset=None):
+        """A seeded permutation of the blocks computed on the fly (`ShuffledBlockSampler`), in place of the stock
+        sampler's stored one."""
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if self.args.train_sampling_strategy != "random" or dataset is None or not has_length(dataset):
+            return super()._get_train_sampler(train_dataset)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return ShuffledBlockSampler(len(dataset), seed, self._train_batch_size * self.args.world_size)
 
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
         if self.optimizer is not None:
