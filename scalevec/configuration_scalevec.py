@@ -44,7 +44,7 @@ MOE_DEFAULTS = {
     "mlp_only_layers": (),
     "router_aux_loss_coef": 0.001,
     "router_z_loss_coef": 0.0,
-    "output_router_logits": True,  # on by default, so that training balances the experts
+    "output_router_logits": False,  # as Qwen3-MoE: plain forwards; ScaleVecTrainer asks for it in training
 }
 
 
@@ -79,7 +79,8 @@ class ScaleVecConfig(PreTrainedConfig):
     Mixture-of-experts fields (`num_experts=0` is a dense model, whose config has none of the others):
     `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`,
     `shared_expert_intermediate_size` (0: none), `decoder_sparse_step`, `mlp_only_layers`, `router_aux_loss_coef`,
-    `router_z_loss_coef`, `output_router_logits` (defaults to on, so that training balances the experts).
+    `router_z_loss_coef`, `output_router_logits` (off by default, as Qwen3-MoE's: forwards return the router logits and
+    the load-balancing loss only when asked; `ScaleVecTrainer` asks for them in every MoE training forward).
     """
 
     model_type = "scalevec"

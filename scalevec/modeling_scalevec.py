@@ -626,6 +626,20 @@ class ScaleVecPreTrainedModel(PreTrainedModel):
         return super().save_pretrained(*args, **kwargs)
 
 
+def router_logits_of_experts_only(forward: Callable) -> Callable:
+    """A dense model takes `output_router_logits` and returns no router outputs, as Llama does: `capture_outputs`
+    records every key of `_can_record_outputs` (router logits included, for the MoE model) that is asked for, and
+    would give a dense output an empty `router_logits`."""
+
+    @functools.wraps(forward)
+    def recorded(self, *args, **kwargs):
+        if not self.config.num_experts:
+            kwargs["output_router_logits"] = False  # over the argument, and over a flag set on the config
+        return forward(self, *args, **kwargs)
+
+    return recorded
+
+
 @auto_docstring
 class ScaleVecModel(ScaleVecPreTrainedModel):
     def __init__(self, config: ScaleVecConfig):
@@ -644,6 +658,7 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
 
     @legacy_cache_name
     @merge_with_config_defaults
+    @router_logits_of_experts_only
     @capture_outputs
     @auto_docstring
     def forward(
@@ -662,8 +677,6 @@ class ScaleVecModel(ScaleVecPreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-        if kwargs.get("output_router_logits") and not self.config.num_experts:
-            raise ValueError("`output_router_logits` needs a mixture-of-experts model (`num_experts` > 0)")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and cache is None:
@@ -758,13 +771,11 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
         cache (`Cache`, *optional*):
             The keys and values of the tokens seen so far (called `past_key_values` before transformers 5.24).
         output_router_logits (`bool`, *optional*):
-            Return the router logits and the load-balancing loss, added to the loss with labels (MoE only).
-            Defaults to `config.output_router_logits`.
+            Return the router logits and the load-balancing loss, added to the loss with labels (a dense model
+            returns neither, as Llama). Defaults to `config.output_router_logits` (off unless set, as Qwen3-MoE's).
         """
-        if output_router_logits is None and self.config.num_experts:
-            output_router_logits = self.config.output_router_logits
-        if output_router_logits is not None:
-            kwargs["output_router_logits"] = output_router_logits
+        if output_router_logits is None:
+            output_router_logits = getattr(self.config, "output_router_logits", False)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -772,6 +783,7 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
             cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            output_router_logits=output_router_logits,
             **kwargs,
         )
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
@@ -801,8 +813,9 @@ class ScaleVecForCausalLM(ScaleVecPreTrainedModel, GenerationMixin):
             loss=loss, aux_loss=aux_loss, attentions=outputs.attentions, router_logits=outputs.router_logits, **fields
         )
 
-    def prepare_inputs_for_generation(self, *args, **kwargs) -> dict:
-        model_inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+    def prepare_inputs_for_generation(self, input_ids, inputs_embeds=None, **kwargs) -> dict:
+        # `generate` tells a model that decodes from `inputs_embeds` by this signature
+        model_inputs = super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
         if self.config.num_experts:  # `generate` returns no router outputs: its steps skip the balancing loss
             model_inputs.setdefault("output_router_logits", False)
         return model_inputs

@@ -1,6 +1,7 @@
 """torch.compile: decoder layers trace into one graph, the whole model compiles with `fullgraph=True` (forward and
 backward, fp32 and bf16) with eager's gradients, `generate` auto-compiles with a static cache into one graph that no
-decoding step recompiles (as Llama's), and `scalevec-train --torch-compile` runs dense and MoE models."""
+decoding step recompiles, from ids or from embeddings (as Llama's), and `scalevec-train --torch-compile` runs dense
+and MoE models."""
 
 import math
 
@@ -93,9 +94,12 @@ def test_generate_auto_compiles_with_a_static_cache_without_recompiling(kind):
     config = CompileConfig(fullgraph=True, backend="aot_eager", mode=None)
     config._compile_all_devices = True  # auto-compile is for accelerators unless asked
     generated = model.generate(ids, compile_config=config, **options)
+    with torch.no_grad():  # a prompt given as embeddings: an eager prefill, then the same compiled steps
+        from_embeds = model.generate(inputs_embeds=model.get_input_embeddings()(ids), compile_config=config, **options)
     assert hasattr(model, "_compiled_call")
     assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
     torch.testing.assert_close(generated, expected, rtol=0, atol=0)
+    torch.testing.assert_close(from_embeds, expected[:, ids.shape[1] :], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("size", ["tiny", "tiny-moe"])

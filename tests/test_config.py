@@ -37,7 +37,8 @@ def test_only_a_moe_config_has_moe_fields_as_llama_and_qwen3_moe(tmp_path):
         assert not hasattr(tiny_config(), field) and not hasattr(LlamaConfig(), field), field
         assert hasattr(tiny_moe_config(), field), field
     assert not any(hasattr(tiny_config(), field) for field in MOE_DEFAULTS)
-    assert tiny_moe_config().output_router_logits is True  # so that training balances the experts
+    # off, as Qwen3-MoE's: plain forwards; ScaleVecTrainer asks for the balancing loss when it trains
+    assert tiny_moe_config().output_router_logits is Qwen3MoeConfig().output_router_logits is False
     assert tiny_config(num_local_experts=4, moe_intermediate_size=8).num_experts == 4
 
     # a dense checkpoint saved before carries the MoE fields with their defaults: they are dropped on load

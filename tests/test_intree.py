@@ -1,26 +1,37 @@
 """ScaleVec behaves like an in-tree transformers decoder (as `LlamaForCausalLM` / `Qwen3MoeForCausalLM` do on the
-same calls): the legacy `past_key_values` name, router losses only where used and with every mask form, the dense
-output contract, experts implementations, and the task heads, loaded with `trust_remote_code` where `scalevec`
-cannot be imported."""
+same calls): the legacy `past_key_values` name, plain MoE forwards unless router outputs are asked for, router losses
+with every mask form, router flags taken and ignored by dense models on every head, `generate` from `inputs_embeds`,
+experts implementations, and the task heads, loaded with `trust_remote_code` where `scalevec` cannot be imported."""
 
 import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
+import transformers
 from transformers import (
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
 from transformers.integrations.moe import ExpertsInterface
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    MoeCausalLMOutputWithPast,
+    MoeModelOutputWithPast,
+)
 
+import scalevec
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM, ScaleVecModel
 
 from ._helpers import (
     STOCK_TINY,
+    TINY,
     logits,
     random_ids,
     randomize_scales,
@@ -28,6 +39,12 @@ from ._helpers import (
     tiny_config,
     tiny_moe_config,
 )
+
+HEADS = {
+    "AutoModelForSequenceClassification": AutoModelForSequenceClassification,
+    "AutoModelForTokenClassification": AutoModelForTokenClassification,
+    "AutoModelForQuestionAnswering": AutoModelForQuestionAnswering,
+}
 
 
 def model_of(moe: bool, **overrides) -> ScaleVecForCausalLM:
@@ -62,7 +79,7 @@ def four_d(mask: torch.Tensor, additive: bool) -> torch.Tensor:
 
 @pytest.mark.parametrize("additive", [False, True])
 def test_moe_router_losses_take_4d_masks(additive):
-    model = model_of(moe=True, router_z_loss_coef=0.01)
+    model = model_of(moe=True, router_z_loss_coef=0.01, output_router_logits=True)
     ids = random_ids(model.config)
     mask = torch.ones_like(ids)
     mask[0, -3:] = 0  # right padding: a 4-D mask still lets those queries see earlier tokens
@@ -76,29 +93,41 @@ def test_moe_router_losses_take_4d_masks(additive):
     torch.testing.assert_close(full.loss, flat.loss, atol=1e-6, rtol=0)
 
 
-def test_moe_router_losses_follow_the_flag_else_the_config():
-    model = model_of(moe=True)
-    ids = random_ids(model.config)
-    assert model.config.output_router_logits  # on by default, so that training balances the experts
-    with torch.no_grad():
-        inference, training = model(ids), model(ids, labels=ids)
-        off = model(ids, labels=ids, output_router_logits=False)
-    assert len(inference.router_logits) == len(training.router_logits) == model.config.num_hidden_layers
-    torch.testing.assert_close(inference.aux_loss, training.aux_loss)
-    assert off.aux_loss is None and off.router_logits is None
-    torch.testing.assert_close(training.loss, off.loss + model.config.router_aux_loss_coef * training.aux_loss)
+def qwen3_moe(**overrides) -> Qwen3MoeForCausalLM:
+    torch.manual_seed(0)
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**STOCK_TINY["qwen3_moe"], **overrides)).eval()
 
-    model.config.output_router_logits = False
-    with torch.no_grad():
-        assert model(ids, labels=ids).aux_loss is None
-        torch.testing.assert_close(model(ids, output_router_logits=True).aux_loss, training.aux_loss)
+
+def test_moe_forwards_are_plain_unless_asked_as_qwen3_moe():
+    """`output_router_logits` is off by default: `model(ids)[0]` and tuples start with the logits and the loss is
+    the language-modelling loss; the flag, else the config, adds the router logits and the balancing loss."""
+    models = {"qwen3_moe": qwen3_moe(), "scalevec": model_of(moe=True)}
+    ids = random_ids(models["scalevec"].config)
+    layouts = {}
+    for name, model in models.items():
+        assert model.config.output_router_logits is False, name
+        with torch.no_grad():
+            plain, asked = model(ids, labels=ids), model(ids, labels=ids, output_router_logits=True)
+            first, as_tuple = model(ids)[0], model(ids, return_dict=False)
+        assert plain.aux_loss is None and plain.router_logits is None, name
+        lm_loss = F.cross_entropy(plain.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        torch.testing.assert_close(plain.loss, lm_loss, atol=1e-6, rtol=0)
+        assert torch.equal(first, plain.logits) and torch.equal(as_tuple[0], plain.logits), name
+        assert len(asked.router_logits) == model.config.num_hidden_layers, name
+        balanced = plain.loss + model.config.router_aux_loss_coef * asked.aux_loss
+        torch.testing.assert_close(asked.loss, balanced, atol=1e-6, rtol=0)
+        model.config.output_router_logits = True  # as in a checkpoint saved with the flag on
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids)[0], asked.aux_loss)  # the balancing loss comes first, as asked
+            assert model(ids, output_router_logits=False).aux_loss is None
+        layouts[name] = [type(part).__name__ for part in as_tuple]
+    assert layouts["scalevec"] == layouts["qwen3_moe"] == ["Tensor", "DynamicCache"]
 
 
 def test_moe_generate_skips_the_router_losses(monkeypatch):
     from scalevec import modeling_scalevec
 
-    model = model_of(moe=True)
-    assert model.config.output_router_logits
+    model = model_of(moe=True, output_router_logits=True)  # as in a checkpoint saved with the flag on
     computed = []
     balancing_loss = modeling_scalevec.load_balancing_loss_func
     monkeypatch.setattr(
@@ -121,20 +150,76 @@ def test_moe_generate_with_a_static_cache_equals_the_dynamic_cache():
     assert torch.equal(static, dynamic)
 
 
-def test_dense_outputs_are_dense_and_router_flags_are_refused():
-    model = model_of(moe=False)
-    ids = random_ids(model.config)
-    output = model(ids, labels=ids)
-    assert type(output) is CausalLMOutputWithPast and type(model.model(ids)) is BaseModelOutputWithPast
-    assert not hasattr(output, "router_logits") and not hasattr(output, "aux_loss")
-    for forward in (model, model.model):
-        with pytest.raises(ValueError, match="output_router_logits.*mixture-of-experts"):
-            forward(ids, output_router_logits=True)
+@pytest.mark.parametrize("head", ["Model", "ForCausalLM", *(name.removeprefix("AutoModel") for name in HEADS)])
+def test_dense_models_take_the_router_flag_and_return_no_router_outputs_as_llama(head):
+    """transformers' output-capturing test passes `output_router_logits=True` to every class whose
+    `_can_record_outputs` lists router logits (ScaleVec's do, for its MoE models): Llama ignores an output flag it
+    has nothing for, and a dense ScaleVec does too, on every head, from the argument or from the config."""
+    fields = dict(TINY, num_labels=3, pad_token_id=0)
+    ids = random_ids(ScaleVecConfig(**fields), length=7).clamp(min=1)
+    flags = dict(output_hidden_states=True, output_attentions=True)
+    layouts = {}
+    for name, library, config_class in (("Llama", transformers, LlamaConfig), ("ScaleVec", scalevec, ScaleVecConfig)):
+        torch.manual_seed(0)
+        model = getattr(library, name + head)(config_class(**fields, attn_implementation="eager")).eval()
+        with torch.no_grad():
+            plain, asked = model(ids, **flags), model(ids, output_router_logits=True, **flags)
+            model.config.output_router_logits = True
+            from_config = model(ids, return_dict=False, **flags)
+        assert type(asked) is type(plain) and list(asked.keys()) == list(plain.keys()), name
+        assert not hasattr(asked, "router_logits") and not hasattr(asked, "aux_loss"), name
+        torch.testing.assert_close(asked[0], plain[0], atol=0, rtol=0)
+        assert len(from_config) == len(plain.to_tuple()), name
+        layouts[name] = type(plain).__name__, list(plain.keys())
+    assert layouts["ScaleVec"] == layouts["Llama"]
     with pytest.raises(ValueError, match="output_router_logits=True.*num_experts=0"):
-        tiny_config(output_router_logits=True)
-    moe = model_of(moe=True)
-    assert type(moe(ids)).__name__ == "MoeCausalLMOutputWithPast"
-    assert type(moe.model(ids)).__name__ == "MoeModelOutputWithPast"
+        tiny_config(output_router_logits=True)  # a dense config asked to balance experts it lacks
+
+
+def test_dense_and_moe_output_types_are_llamas_and_qwen3_moes():
+    dense, moe = model_of(moe=False), model_of(moe=True)
+    ids = random_ids(dense.config)
+    assert type(dense(ids, labels=ids)) is CausalLMOutputWithPast and type(dense.model(ids)) is BaseModelOutputWithPast
+    assert type(moe(ids)) is MoeCausalLMOutputWithPast and type(moe.model(ids)) is MoeModelOutputWithPast
+
+
+GENERATORS = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**TINY)),
+    "dense": lambda: model_of(moe=False),
+    "qwen3_moe": qwen3_moe,
+    "moe": lambda: model_of(moe=True),
+}
+
+
+@pytest.mark.parametrize("kind", GENERATORS)
+def test_generate_from_inputs_embeds_gives_what_input_ids_give(kind):
+    """As transformers' `test_generate_from_inputs_embeds` and `test_generate_continue_from_inputs_embeds`: the
+    tokens generated from a prompt's embeddings are those generated from its ids, greedy and sampled (same seed),
+    with the dynamic and the static cache, and continuing from embeddings with the cache of an earlier call; given
+    both, the embeddings are what the model reads."""
+    torch.manual_seed(0)
+    model = GENERATORS[kind]().eval()
+    prompt = random_ids(model.config, length=5)
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(prompt)
+    for options in (dict(do_sample=False), dict(do_sample=False, cache_implementation="static"), dict(do_sample=True)):
+        torch.manual_seed(1)
+        from_ids = model.generate(prompt, max_new_tokens=4, **options)
+        torch.manual_seed(1)
+        from_embeds = model.generate(inputs_embeds=embeds, max_new_tokens=4, **options)
+        assert torch.equal(from_embeds, from_ids[:, prompt.shape[1] :]), options
+    from_both = model.generate(prompt, inputs_embeds=embeds, max_new_tokens=4, do_sample=False)
+    other = model.generate(prompt, inputs_embeds=torch.randn_like(embeds), max_new_tokens=4, do_sample=False)
+    assert torch.equal(from_both, model.generate(prompt, max_new_tokens=4, do_sample=False))
+    assert not torch.equal(other, from_both)
+
+    greedy = dict(do_sample=False, return_dict_in_generate=True)
+    whole = model.generate(inputs_embeds=embeds, max_new_tokens=4, **greedy).sequences
+    first = model.generate(inputs_embeds=embeds, max_new_tokens=3, **greedy)
+    with torch.no_grad():
+        continued = torch.cat([embeds, model.get_input_embeddings()(first.sequences)], dim=1)
+    last = model.generate(inputs_embeds=continued, cache=first.cache, max_new_tokens=1, **greedy).sequences
+    assert torch.equal(torch.cat([first.sequences, last], dim=1), whole)
 
 
 def test_experts_implementations_fold_the_scales_alike(tmp_path):
@@ -191,13 +276,6 @@ def test_an_experts_function_registered_later_is_called_as_by_qwen3_moe(implemen
         calls.clear()
         torch.testing.assert_close(logits(model, ids), expected[name], atol=1e-6, rtol=0)
         assert calls == [4] * model.config.num_hidden_layers, name
-
-
-HEADS = {
-    "AutoModelForSequenceClassification": AutoModelForSequenceClassification,
-    "AutoModelForTokenClassification": AutoModelForTokenClassification,
-    "AutoModelForQuestionAnswering": AutoModelForQuestionAnswering,
-}
 
 
 def head_inputs(name: str, ids: torch.Tensor) -> dict:

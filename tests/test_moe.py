@@ -1,5 +1,6 @@
 import contextlib
 import itertools
+import json
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from safetensors.torch import load_file, save_file
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM, scaled_ops
+from scalevec.train import ScaleVecTrainer, ScaleVecTrainingArguments
 
 from ._helpers import (
     STRATEGIES,
@@ -195,7 +197,7 @@ def assert_same_as_stock(reference, model):
     torch.testing.assert_close(ours.logits[real], theirs.logits[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(ours.aux_loss, theirs.aux_loss, atol=1e-6, rtol=0)
     torch.testing.assert_close(ours.loss, theirs.loss, atol=1e-5, rtol=0)
-    # without labels: router logits and the balancing loss as `config.output_router_logits` (on) says, or the flag
+    # without labels: router logits and the balancing loss as the config (on in both) says, or the flag
     assert model.config.output_router_logits and reference.config.output_router_logits
     with torch.no_grad():
         ours, theirs = model(ids, attention_mask=mask), reference(ids, attention_mask=mask)
@@ -215,7 +217,8 @@ def test_standard_moe_matches_mixtral():
         rms_norm_eps=1e-6,
         rope_theta=1e6,
     )
-    model = ScaleVecForCausalLM(tiny_moe_config(scale_preset="standard", norm_topk_prob=True, rope_theta=1e6)).eval()
+    config = tiny_moe_config(scale_preset="standard", norm_topk_prob=True, rope_theta=1e6, output_router_logits=True)
+    model = ScaleVecForCausalLM(config).eval()
     assert_same_as_stock(reference, model)
 
 
@@ -232,7 +235,13 @@ def test_standard_moe_with_qk_norm_matches_qwen3_moe(norm_topk_prob):
         mlp_only_layers=[],
     )
     model = ScaleVecForCausalLM(
-        tiny_moe_config(scale_preset="standard", qk_norm=True, decoder_sparse_step=2, norm_topk_prob=norm_topk_prob)
+        tiny_moe_config(
+            scale_preset="standard",
+            qk_norm=True,
+            decoder_sparse_step=2,
+            norm_topk_prob=norm_topk_prob,
+            output_router_logits=True,
+        )
     ).eval()
     assert not model.config.is_moe_layer(0) and model.config.is_moe_layer(1)
     assert_same_as_stock(reference, model)
@@ -254,7 +263,7 @@ def test_every_strategy_with_experts_trains_and_every_scale_gets_a_gradient(
     ).train()
     randomize_scales(model)
     ids = random_ids(model.config)
-    out = model(ids, labels=ids)
+    out = model(ids, labels=ids, output_router_logits=True)  # as ScaleVecTrainer trains a MoE model
     out.loss.backward()
     assert out.aux_loss is not None and torch.isfinite(out.loss)
     parameters = dict(model.named_parameters())
@@ -283,8 +292,8 @@ def test_moe_scales_at_one_change_nothing(norm_scale, linear_scale, scale_param)
 def test_aux_and_z_losses_enter_the_loss_with_their_coefficients():
     model = build(scale_preset="unified", router_aux_loss_coef=0.5, router_z_loss_coef=0.25)
     ids = random_ids(model.config)
-    out = model(ids, labels=ids)
-    plain = model(ids, labels=ids, output_router_logits=False)
+    out = model(ids, labels=ids, output_router_logits=True)
+    plain = model(ids, labels=ids)
     assert plain.aux_loss is None
     z = torch.stack(out.router_logits).logsumexp(-1).square().mean()
     torch.testing.assert_close(out.loss, plain.loss + 0.5 * out.aux_loss + 0.25 * z, atol=1e-6, rtol=0)
@@ -298,10 +307,47 @@ def test_padding_is_masked_out_of_the_z_loss():
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
     labels = ids.masked_fill(mask == 0, -100)
-    out = model(ids, attention_mask=mask, labels=labels)
-    plain = model(ids, attention_mask=mask, labels=labels, output_router_logits=False)
+    out = model(ids, attention_mask=mask, labels=labels, output_router_logits=True)
+    plain = model(ids, attention_mask=mask, labels=labels)
     z = torch.stack(out.router_logits).logsumexp(-1).square()[:, mask.reshape(-1).bool()].mean()
     torch.testing.assert_close(out.loss - plain.loss, z, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "saved, balanced",
+    [
+        ({}, True),  # a new config: the flag off, as Qwen3-MoE's
+        ({"output_router_logits": True}, True),  # a checkpoint saved with the flag on (ScaleVec's former default)
+        ({"router_aux_loss_coef": 0.0}, False),  # TRL's rule: both coefficients 0 turn balancing off
+    ],
+)
+def test_scalevec_trainer_balances_the_experts_and_leaves_the_saved_flag_alone(saved, balanced, tmp_path):
+    """`ScaleVecTrainer` (the trainer of `scalevec-train` and `scalevec-ablate`) trains a MoE model on the language
+    loss plus `router_aux_loss_coef` times the balancing loss, asked of each forward: the config it saves keeps its
+    flag, so that a new model's checkpoints run plain forwards."""
+    build(**saved).save_pretrained(tmp_path / "model")
+    model = ScaleVecForCausalLM.from_pretrained(tmp_path / "model")
+    ids = random_ids(model.config)
+    with torch.no_grad():
+        plain = model(ids, labels=ids, output_router_logits=False).loss.item()
+        aux_loss = model(ids, output_router_logits=True).aux_loss.item()
+    args = ScaleVecTrainingArguments(
+        tmp_path / "run",
+        max_steps=1,
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        scale_stats=False,
+        report_to="none",
+        disable_tqdm=True,
+    )
+    trainer = ScaleVecTrainer(model=model, args=args, train_dataset=[dict(input_ids=row, labels=row) for row in ids])
+    trainer.train()
+    (loss,) = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]  # before the update
+    expected = plain + model.config.router_aux_loss_coef * aux_loss if balanced else plain
+    assert loss == pytest.approx(expected, abs=1e-6) and (abs(loss - plain) > 1e-4) == balanced
+    trainer.save_model(tmp_path / "trained")
+    flag = json.loads((tmp_path / "trained" / "config.json").read_text())["output_router_logits"]
+    assert flag is saved.get("output_router_logits", False)
 
 
 @pytest.mark.parametrize("layers", [dict(mlp_only_layers=[0]), dict(decoder_sparse_step=2), dict()])

@@ -29,7 +29,7 @@ def models(kind: str, vocab_size: int) -> dict[str, torch.nn.Module]:
             "llama": LlamaForCausalLM(LlamaConfig(**TINY | {"vocab_size": vocab_size})),
             "scalevec": ScaleVecForCausalLM(ScaleVecConfig(**TINY | {"vocab_size": vocab_size})),
         }
-    qwen3_moe = Qwen3MoeConfig(**STOCK_TINY["qwen3_moe"] | {"vocab_size": vocab_size, "output_router_logits": True})
+    qwen3_moe = Qwen3MoeConfig(**STOCK_TINY["qwen3_moe"] | {"vocab_size": vocab_size})  # TRL turns the flag on
     return {
         "qwen3_moe": Qwen3MoeForCausalLM(qwen3_moe),
         "scalevec": ScaleVecForCausalLM(ScaleVecConfig(**TINY_MOE | {"vocab_size": vocab_size})),

@@ -357,6 +357,14 @@ class ScaleVecTrainer(Trainer):
             print(describe_groups(self.optimizer.param_groups))
         return self.optimizer
 
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        # A MoE model balances its experts unless both router loss coefficients are 0 (TRL's rule), asked of each
+        # forward rather than set in the config, so that the checkpoints saved keep plain forwards (Qwen3-MoE's).
+        config = self.model.config
+        if getattr(config, "router_aux_loss_coef", 0) or getattr(config, "router_z_loss_coef", 0):
+            inputs = {**inputs, "output_router_logits": True}
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
         if not torch.isfinite(loss):
