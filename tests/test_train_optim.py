@@ -340,3 +340,30 @@ def test_fractional_warmup_and_default_cosine(tmp_path):
     rates = schedule(tmp_path, 8, learning_rate=1e-3, warmup_steps=0.25)  # 0.25 of 8 steps: 2 warmup steps
     assert rates[:3] == pytest.approx([0.0, 5e-4, 1e-3])
     assert rates[-1] == pytest.approx(0.0, abs=1e-12) and rates[3] < 1e-3
+
+
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "muon"])
+def test_scale_decay_toward_one_pulls_scales_to_the_identity(optim, tmp_path):
+    model = model_for("standard")
+    lr, wd = 0.1, 0.5
+    trainer = tiny_trainer(
+        model, tmp_path, optim=optim, learning_rate=lr, weight_decay=wd, output_scale_weight_decay=wd,
+        scale_decay_target=1.0, lr_scheduler_type="constant", warmup_steps=0,
+    )  # fmt: skip
+    optimizer = trainer.create_optimizer()
+    roles = model.scale_vector_roles()
+    scales = set(roles["input"] + roles["output"])
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(1.5)
+            parameter.grad = torch.zeros_like(parameter)  # no update: decay alone
+    optimizer.step()
+    for name, parameter in model.named_parameters():
+        expected = 1.5 - lr * wd * (1.5 - 1.0) if name in scales else 1.5 * (1 - lr * wd)
+        torch.testing.assert_close(parameter.detach(), torch.full_like(parameter, expected), msg=name)
+
+
+def test_scale_decay_toward_one_needs_decoupled_decay(tmp_path):
+    trainer = tiny_trainer(model_for("standard"), tmp_path, optim="adafactor", scale_decay_target=1.0)
+    with pytest.raises(ValueError, match="--scale-decay-target needs AdamW or Muon"):
+        trainer.create_optimizer()

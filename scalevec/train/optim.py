@@ -20,6 +20,7 @@ class DecayConfig:
     input_scale_weight_decay: float | None = None  # default: weight_decay
     output_scale_weight_decay: float = 0.0
     embedding_weight_decay: float | None = None  # default: weight_decay
+    scale_decay_target: float = 0.0  # what decay pulls the scale vectors toward: 0 (AdamW's), or 1 (the identity)
 
 
 def _hidden_matrices(model: nn.Module) -> tuple[list[str], list[str]]:
@@ -54,6 +55,8 @@ def parameter_groups(model: nn.Module, decay: DecayConfig) -> list[dict]:
         name: {"name": name, "params": [], "param_names": [], "weight_decay": wd, "muon": muon}
         for name, _, wd, muon in spec
     }
+    for name in ("input_scales", "output_scales"):
+        groups[name]["decay_target"] = decay.scale_decay_target
     extra = {"embeddings": _default(decay.embedding_weight_decay, base), "other_matrices": base}
     for name, wd in extra.items():
         groups[name] = {"name": name, "params": [], "param_names": [], "weight_decay": wd, "muon": False}
@@ -82,11 +85,23 @@ def describe_groups(groups: list[dict]) -> str:
     for group in groups:
         count = sum(p.numel() for p in group["params"])
         optimizer = "muon" if group.get("muon") else "adamw"
+        target = f" toward {group['decay_target']:g}" if group.get("decay_target") else ""
         lines.append(
             f"  {group['name']:<15} {len(group['params']):>4} tensors {count:>12,} params  "
-            f"weight_decay={group['weight_decay']:g}  ({optimizer})"
+            f"weight_decay={group['weight_decay']:g}{target}  ({optimizer})"
         )
     return "\n".join(lines)
+
+
+@torch.no_grad()
+def decay_toward_targets(optimizer: torch.optim.Optimizer, *_) -> None:
+    """A step post-hook: AdamW's decoupled decay `p *= 1 - lr * wd` pulls toward 0; adding `lr * wd * target`
+    after it makes it `p -= lr * wd * (p - target)`, the pull of a group with a `decay_target`."""
+    for group in optimizer.param_groups:
+        target, decay = group.get("decay_target", 0.0), group["lr"] * group["weight_decay"]
+        params = [p for p in group["params"] if p.grad is not None]  # the decayed ones
+        if target and decay and params:
+            torch._foreach_add_(params, decay * target)
 
 
 def newton_schulz(matrix: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = None):

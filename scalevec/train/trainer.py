@@ -29,7 +29,7 @@ from ..data.sampler import ShuffledBlockSampler
 from ..modeling_scalevec import ScaleVecModel
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback
 from .evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, token_byte_lengths
-from .optim import DecayConfig, MuonAdamW, describe_groups, parameter_groups
+from .optim import DecayConfig, MuonAdamW, decay_toward_targets, describe_groups, parameter_groups
 from .throughput import ThroughputCallback
 
 logger = logging.get_logger(__name__)
@@ -78,6 +78,13 @@ class ScaleVecTrainingArguments(TrainingArguments):
     embedding_weight_decay: float | None = field(
         default=None, metadata={"help": "Weight decay of the embeddings and LM head. Default: --weight-decay."}
     )
+    scale_decay_target: float = field(
+        default=0.0,
+        metadata={
+            "help": "What weight decay pulls the scale vectors toward: 0 (AdamW's decay, default) or 1 (the identity, "
+            "decaying γ - 1). With --optim adamw_torch, adamw_torch_fused or muon."
+        },
+    )
     muon_momentum: float = field(default=0.95, metadata={"help": "Muon momentum (with --optim muon)."})
     muon_adjust_lr: str = field(
         default="match_rms_adamw",
@@ -116,6 +123,7 @@ class ScaleVecTrainingArguments(TrainingArguments):
             self.input_scale_weight_decay,
             self.output_scale_weight_decay,
             self.embedding_weight_decay,
+            self.scale_decay_target,
         )
 
 
@@ -351,8 +359,12 @@ class ScaleVecTrainer(Trainer):
             # As transformers does: one fused kernel per tensor on CPUs too, 4-5x faster than the per-op loop.
             self.optimizer = torch.optim.AdamW(groups, fused=optim == "adamw_torch_fused" or None, **kwargs)
         else:  # any other optimizer transformers knows, fed with the role-aware groups
+            if decay.scale_decay_target:
+                raise ValueError(f"--scale-decay-target needs AdamW or Muon (decoupled weight decay), not {optim}")
             optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
             self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        if decay.scale_decay_target:
+            self.optimizer.register_step_post_hook(decay_toward_targets)
         if self.is_world_process_zero():
             print(describe_groups(self.optimizer.param_groups))
         return self.optimizer
