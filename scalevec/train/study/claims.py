@@ -76,7 +76,7 @@ def _paired(claim: Claim, best, size: str, name: str) -> ClaimTest | None:
 
 def _lowest(best, size: str) -> ClaimTest | None:
     others = [v for v in VARIANT_GROUPS["strategies"] if v != "unified" and (size, v) in best]
-    if "unified" not in {variant for s, variant in best if s == size} or not others:
+    if (size, "unified") not in best or not others:
         return None
     losses = {v: eval_losses(best[size, v]) for v in others}
     unified = eval_losses(best[size, "unified"])

@@ -36,7 +36,7 @@ class Size:
             f"{layers} layer{'s' * (layers > 1)}, hidden {f['hidden_size']}, {heads} head{'s' * (heads > 1)} "
             f"({kv_heads} key-value), SwiGLU {f['intermediate_size']}{experts}"
         )
-        budget = "--num-train-epochs"
+        budget = "runs of --num-train-epochs"
         if self.tokens_per_run:
             per_parameter = self.tokens_per_run / self.non_embedding_parameters
             budget = (
