@@ -1,28 +1,56 @@
 #!/usr/bin/env bash
-# The ablation of benchmarks/ablation.sh at the paper's smallest size, for one GPU and 15 minutes: the `0.12b`
-# preset (12 x 768; 82 M parameters with the embedded 4k vocabulary, 125 M with a 32k one), bf16, the six
-# strategies, one seed by default, then the same table as on CPU (mean ± std and paired differences once SEEDS
-# holds several seeds).
+# The paper's study at its smallest sizes on a GPU cluster: a ladder of four sizes up to the paper's smallest model
+# (6x384, 8x512, 10x640 and the `0.12b` preset: N = 9.7 M, 23 M, 45 M, 75 M non-embedding parameters; 4 sizes, so
+# the scaling fit is L = E + A N^-a), each trained on 20 tokens per non-embedding parameter (Chinchilla's ratio),
+# every variant (the six strategies and the weight-decay ones), three peak learning rates, two seeds: 240 runs.
+# One Slurm array task per shard, all writing into one shared folder; then one call writes the report. The CPU
+# miniature of the same study is benchmarks/ablation.sh.
 #
-# Budget, estimated (not measured: no GPU was lent when this was written): a 0.12b step costs about 6 x 82 M
-# + attention ~ 0.6 GFLOP per token; an H200 gives ~790 TFLOP/s in bf16 matmuls, so even at 12 % of that in eager
-# mode (small hidden size, no torch.compile) it trains ~150k tokens/s. STEPS=300 of 32 x 1024 tokens = 9.8 M tokens
-# a run, ~65 s, plus ~25 s to build, evaluate and save: ~9 minutes for six runs, which leaves room for the machine's
-# start and the first run's tokenizer training within 15 minutes. If the first run prints more than
-# `train_runtime` 90 s, lower STEPS; with more time, add seeds (SEEDS=0,1,2 triples the time).
+#   # Once, on a CPU node: a corpus of at least ~2 B tokens on the shared file system (the 0.12b runs read 1.5 B;
+#   # less data repeats it, and the held-out loss then also measures memorisation).
+#   scalevec-data prepare /data/fineweb-edu/*.parquet --output /shared/prepared/web --tokenizer gpt2 \
+#       --seq-len 1024 --num-proc 32
+#   # The grid: task I of the array trains shard I/N (N = the array's size); a requeued or repeated task resumes
+#   # (--resume: finished runs are reused, an interrupted one continues from its last checkpoint).
+#   DATASET=/shared/prepared/web sbatch --array=0-31 --gpus=1 --cpus-per-task=8 --time=08:00:00 \
+#       benchmarks/ablation_gpu.sh /shared/runs/study
+#   # The report, once every task has ended (afterany: a failed task's runs are missing from it, and a later call
+#   # adds them); it trains nothing.
+#   DATASET=/shared/prepared/web sbatch --dependency=afterany:JOBID \
+#       benchmarks/ablation_gpu.sh /shared/runs/study report
+#   # Without Slurm: `benchmarks/ablation_gpu.sh DIR` trains the whole grid on one GPU (~100 GPU-hours, below);
+#   # `SHARD=I/N benchmarks/ablation_gpu.sh DIR` trains one share (one process per GPU: CUDA_VISIBLE_DEVICES=I).
 #
-# Data: DATASET (local text / jsonl / parquet files; the GPU machine has no network) of at least ~40 MB of text,
-# or by default the embedded corpus, which 9.8 M tokens repeat ~17 times: the held-out loss then also measures
-# memorisation, unlike the paper's single pass. Needs `pip install -e ".[train]"` (where no index is reachable,
-# carry wheels of datasets, evaluate, dill and multiprocess).
+# Usage: benchmarks/ablation_gpu.sh [DIR [report] [FLAG...]]   FLAGs go to every scalevec-ablate call.
+# Settings (environment): DATASET (required: a prepared folder, or text / jsonl / parquet files), SIZES,
+# TOKENS_PER_PARAMETER (20), LEARNING_RATES (1e-3,2e-3,4e-3), SEEDS (0,1), VARIANTS (all), SHARD. Every call of
+# one study must pass the same settings: the grid, its split into shards and the run folders follow from them.
 #
-# Usage: benchmarks/ablation_gpu.sh [DIR [FLAG...]]     FLAGs go to scalevec-ablate, e.g. --variants weight-decay
+# Budget, ESTIMATED (no GPU was lent to the session that wrote this; nothing here has run on one): a step of
+# 32 x 4 accumulation x 1024 = 131,072 tokens; model FLOPs per token as `scalevec.train.throughput` counts them
+# (6 x matmul weights with a 50,257-token vocabulary + attention): 6x384 1,485 steps (0.19 B tokens, 3.9e16 FLOPs),
+# 8x512 3,540 (0.46 B, 1.6e17), 10x640 6,891 (0.90 B, 4.9e17), 0.12b 11,520 (1.51 B, 1.2e18). At an assumed 30 %
+# MFU on an H100 (300 TFLOP/s of its 989 in bf16), 2, 9, 28 and 68 minutes: 1.8 GPU-hours for one variant, learning
+# rate and seed at all four sizes, ~106 GPU-hours for the 60 of the grid, ~3.5 hours of wall time on 32 GPUs (each
+# shard holds an even share of every size). The small sizes will reach a lower MFU than 30 %, but they are 7 % of
+# the FLOPs. Check the assumption on the first runs: each prints its train_runtime and MFU (the run folder's
+# run_summary.json); with a lower MFU, lower TOKENS_PER_PARAMETER or the learning rates or seeds.
 set -euo pipefail
-out=${1:-runs/ablation-gpu}
-steps=${STEPS:-300}
-dataset=()
-if [[ -n ${DATASET:-} ]]; then dataset=(--dataset "$DATASET"); fi
-scalevec-ablate --model-size 0.12b --bf16 true --tf32 true --attn-implementation sdpa \
-    --per-device-train-batch-size 32 --seq-len 1024 --max-steps "$steps" --warmup-steps 0.05 --learning-rate 1e-3 \
-    --logging-steps 10 --save-strategy no --report-to none --disable-tqdm true --scale-stats false \
-    --dataloader-num-workers 4 --seeds "${SEEDS:-0}" --resume "${dataset[@]}" --output-dir "$out" "${@:2}"
+out=${1:-runs/study-gpu}
+mode=()
+if [[ ${2:-} == report ]]; then
+    mode=(--report-only true)
+    set -- "$out" "${@:3}"
+elif [[ -n ${SLURM_ARRAY_TASK_ID:-} ]]; then
+    mode=(--shard "$((SLURM_ARRAY_TASK_ID - ${SLURM_ARRAY_TASK_MIN:-0}))/$SLURM_ARRAY_TASK_COUNT")
+elif [[ -n ${SHARD:-} ]]; then
+    mode=(--shard "$SHARD")
+fi
+: "${DATASET:?set DATASET to a prepared folder (scalevec-data prepare) or text files: GPU nodes need local data}"
+scalevec-ablate --sizes "${SIZES:-6x384,8x512,10x640,0.12b}" --tokens-per-parameter "${TOKENS_PER_PARAMETER:-20}" \
+    --learning-rates "${LEARNING_RATES:-1e-3,2e-3,4e-3}" --seeds "${SEEDS:-0,1}" --variants "${VARIANTS:-all}" \
+    --dataset "$DATASET" --bf16 true --tf32 true --attn-implementation sdpa \
+    --per-device-train-batch-size 32 --gradient-accumulation-steps 4 --warmup-steps 0.05 \
+    --logging-steps 50 --save-strategy steps --save-steps 1000 --save-total-limit 1 --report-to none \
+    --disable-tqdm true --scale-stats false --dataloader-num-workers 4 --resume \
+    "${mode[@]}" --output-dir "$out" "${@:2}"

@@ -35,12 +35,18 @@ _NEARLY_FULL = 1 << 20
 
 def write_text_atomically(path: str | Path, text: str) -> Path:
     """Write `text` (UTF-8) to a temporary file beside `path`, then rename it onto `path`."""
+    return write_bytes_atomically(path, text.encode("utf-8"))
+
+
+def write_bytes_atomically(path: str | Path, data: bytes) -> Path:
+    """Write `data` to a temporary file of its own beside `path` (processes writing `path` at once never share
+    one), then rename it onto `path`: the last rename wins, whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            file.write(text)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
         os.chmod(temporary, 0o644)  # mkstemp makes it private; these files are meant to be read
         os.replace(temporary, path)
     except BaseException:

@@ -26,7 +26,9 @@ def test_mean_std_and_paired_differences_over_two_seeds(tmp_path, capsys):
     root = tmp_path / "ablation"
     argv = ["--variants", "none,standard", "--seeds", "3,4", *train_argv(root, "--max-eval-documents", "2", steps=4)]
     assert ablate.main(argv) == 0
-    evals = {(v, s): final_eval_loss(root / f"{v}-seed{s}") for v in ("none", "standard") for s in (3, 4)}
+    evals = {
+        (v, s): final_eval_loss(root / "tiny" / f"{v}-lr0.001-seed{s}") for v in ("none", "standard") for s in (3, 4)
+    }
     summary = {entry["variant"]: entry for entry in json.loads((root / "results.json").read_text())["summary"]}
 
     none, standard = summary["none"], summary["standard"]
@@ -42,7 +44,7 @@ def test_mean_std_and_paired_differences_over_two_seeds(tmp_path, capsys):
     table = (root / "results.md").read_text()
     mean_difference = statistics.mean(differences.values())
     row = next(line for line in table.splitlines() if line.startswith("| none |"))
-    assert f"| {none['eval_loss_mean']:.4f} ± {none['eval_loss_std']:.4f} | standard |" in row
+    assert f"| 0.001 | {none['eval_loss_mean']:.4f} ± {none['eval_loss_std']:.4f} | standard (lr 0.001) |" in row
     assert f"| {differences[3]:+.4f}, {differences[4]:+.4f} | {mean_difference:+.4f} ± " in row
     assert f"| Δ > 0 | {none['holds']}/2 |" in row
     assert any(line.startswith("- seed 3: ") for line in table.splitlines())
@@ -64,7 +66,7 @@ def test_variants_of_a_seed_start_alike_and_read_the_same_batches(tmp_path):
     root = tmp_path / "frozen"
     argv = ["--variants", ",".join(variants), *train_argv(root, "--learning-rate", "0", "--seed", "7", steps=3)]
     assert ablate.main(argv) == 0
-    runs = {name: root / f"{name}-seed7" for name in variants}
+    runs = {name: root / "tiny" / f"{name}-lr0-seed7" for name in variants}
     reference = load_file(runs["none"] / "model.safetensors")
     for name, run in runs.items():
         weights = load_file(run / "model.safetensors")

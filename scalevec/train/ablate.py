@@ -1,86 +1,38 @@
-"""`scalevec-ablate`: train the same model on the same data and tokens once per scale-vector strategy and seed.
+"""`scalevec-ablate`: the paper's study in one command. Trains a grid of model sizes x scale-vector variants x
+learning rates x seeds on the same data, compares every (size, variant) at its own best learning rate, fits how the
+loss scales with size, and tests each of the paper's claims.
 
 scalevec-ablate --model-size tiny --max-steps 300 --seeds 0,1,2 --output-dir runs/ablation
-scalevec-ablate --model-size tiny --max-steps 300 --seeds 0,1,2 --variants all --resume --output-dir runs/ablation
-scalevec-ablate --model-size tiny-moe --optim muon --lr-scheduler-type warmup_stable_decay \\
-    --lr-scheduler-kwargs '{"num_decay_steps": 60}' --variants standard,unified --seeds 0,1 --output-dir runs/moe
+scalevec-ablate --sizes 2x64,4x128,4x256 --tokens-per-parameter 20 --learning-rates 1e-3,3e-3 \\
+    --variants none,standard,unified --seeds 0,1 --resume --output-dir runs/ladder
+scalevec-ablate ... --shard 0/4 --resume        # one of 4 processes or machines sharing the output folder
+scalevec-ablate ... --report-only true          # the report from the runs that finished, training nothing
 
-Every `scalevec-train` option applies to all runs, except the scale strategy and the scales' weight decay, which
-each variant sets. Within a seed every variant starts from the same initial matrices and reads the same batches
-in the same order, so variants are compared seed by seed (paired differences). With `--resume`, runs that already
-finished are reused: add variants or seeds to an ablation without training the old ones again. Writes one run
-folder per variant and seed, `results.md` / `results.json` (per variant: final eval loss mean ± std over seeds,
-the difference to its reference in each seed, whether the paper's prediction holds) and `loss_curves.png`.
+Every `scalevec-train` option applies to all runs, except what each grid point sets: the scale strategy and the
+scales' weight decay (the variant), the model's dimensions (--sizes), --learning-rate (--learning-rates), --seed
+(--seeds) and --max-steps (--tokens-per-parameter). Within a seed every variant of a size starts from the same
+initial matrices and reads the same batches in the same order, so variants are compared seed by seed (paired
+differences). Each run has its own folder, SIZE/VARIANT-lrLR-seedSEED; with `--resume`, finished runs are reused,
+so sizes, variants, learning rates or seeds can be added later and shards can be restarted. The report (`results.md`,
+`results.json`, `claims.md`, `loss_curves.png`, `scaling.png`) is written from the runs of the grid that finished,
+whichever process trained them, and again after every run, so a killed study still reports what finished.
 """
 
-import json
-import statistics
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..atomic import exit_status, write_text_atomically
-from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
-from ..convert.meta_model import scale_parameters
+from ..atomic import exit_status
+from ..configuration_scalevec import SCALE_FIELDS
 from ..data import DataArguments
-from ..run_records import logged_curve, read_run_records
-from .cli import ModelArguments, TrainResult, parse_arguments, train
-from .diagnostics import save_figure
+from .cli import ModelArguments, _check_output_dir, _config_overrides, parse_arguments, train
+from .presets import SIZE_FIELDS, SIZE_RULE
+from .study.grid import Grid, GridPoint, build_sizes
+from .study.records import RunRecord, finished_records, is_finished, read_record
+from .study.report import write_report
+from .study.variants import VARIANT_GROUPS, VARIANTS
 from .trainer import NonFiniteLossError, ScaleVecTrainingArguments
 
-
-@dataclass(frozen=True)
-class Variant:
-    """A scale strategy (ModelArguments fields) and its scales' weight-decay rule, compared seed by seed with
-    `reference`; `expected` is the paper's prediction for its eval loss against the reference."""
-
-    model: dict
-    reference: str | None = "standard"
-    expected: str | None = "lower"  # "lower", "higher", or None where the paper predicts nothing
-    exempt_input_scales: bool = False  # the stock Trainer's rule (no decay on anything named "norm")
-    decay_output_scales: bool = False  # decayed as the matrices are (--weight-decay)
-
-    def training_overrides(self, args: ScaleVecTrainingArguments) -> dict:
-        overrides = {}
-        if self.exempt_input_scales:
-            overrides["input_scale_weight_decay"] = 0.0
-        if self.decay_output_scales:
-            overrides["output_scale_weight_decay"] = args.weight_decay
-        return overrides
-
-
-_STANDARD = dict(scale_preset="standard")
-_UNIFIED = dict(scale_preset="unified")
-_UNIFIED_OUTPUT_NORMS = dict(scale_preset="unified", output_norm=True)  # Peri-LN: output-role scales exist
-# The paper's strategies, each isolated on top of "standard" (shared norm scale, direct), then all together; then
-# its weight-decay rule by role: input-role scales decayed (ours) vs exempt (the stock Trainer, which for
-# "standard" gives exactly its parameter groups), output-role scales exempt (ours and the stock Trainer) vs decayed.
-VARIANTS: dict[str, Variant] = {
-    "none": Variant(dict(scale_preset="none"), expected="higher"),
-    "standard": Variant(_STANDARD, reference=None, expected=None),
-    "branch": Variant(dict(_STANDARD, norm_scale="branch")),
-    "placement": Variant(dict(_STANDARD, linear_scale="both")),
-    "magdir": Variant(dict(_STANDARD, scale_param="magdir")),
-    "unified": Variant(_UNIFIED),
-    "standard-input-exempt": Variant(_STANDARD, expected="higher", exempt_input_scales=True),
-    "unified-input-exempt": Variant(_UNIFIED, reference="unified", expected="higher", exempt_input_scales=True),
-    "unified-output-norm": Variant(_UNIFIED_OUTPUT_NORMS, reference="unified", expected=None),
-    "unified-output-norm-decayed": Variant(
-        _UNIFIED_OUTPUT_NORMS, reference="unified-output-norm", expected="higher", decay_output_scales=True
-    ),
-}
-VARIANT_GROUPS: dict[str, list[str]] = {
-    "strategies": ["none", "standard", "branch", "placement", "magdir", "unified"],
-    "weight-decay": [
-        "standard",
-        "standard-input-exempt",
-        "unified",
-        "unified-input-exempt",
-        "unified-output-norm",
-        "unified-output-norm-decayed",
-    ],
-    "all": list(VARIANTS),
-}
 _STRATEGY_FIELDS = ("scale_preset", *SCALE_FIELDS)
 
 
@@ -91,15 +43,43 @@ class AblationArguments:
         metadata={"help": f"Comma-separated variants {list(VARIANTS)} or groups {list(VARIANT_GROUPS)}."},
     )
     seeds: str | None = field(default=None, metadata={"help": "Comma-separated seeds (default: --seed)."})
+    sizes: str | None = field(
+        default=None,
+        metadata={"help": f"Comma-separated model sizes (default: --model-size): presets or {SIZE_RULE}."},
+    )
+    learning_rates: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated peak learning rates (default: --learning-rate); each size and variant is "
+            "compared at its best one."
+        },
+    )
+    tokens_per_parameter: float | None = field(
+        default=None,
+        metadata={
+            "help": "Train each size on this many tokens per non-embedding parameter N: --max-steps = "
+            "ceil(R x N / tokens per step), per size. Instead of --max-steps."
+        },
+    )
+    shard: str | None = field(
+        default=None,
+        metadata={
+            "help": "I/N: train only the I-th of N disjoint shares of the grid (I from 0, as Slurm array task ids), "
+            "the same on every machine; the report covers every finished run of the grid."
+        },
+    )
+    report_only: bool = field(
+        default=False, metadata={"help": "Train nothing: write the report from the runs of the grid that finished."}
+    )
 
     def variant_names(self) -> list[str]:
         names = []
-        for name in (name.strip() for name in self.variants.split(",")):
+        for name in _items(self.variants):
             if name in VARIANT_GROUPS:
                 names.extend(VARIANT_GROUPS[name])
             elif name in VARIANTS:
                 names.append(name)
-            elif name:
+            else:
                 choices = ", ".join([*VARIANT_GROUPS, *VARIANTS])
                 raise ValueError(f"--variants: unknown {name!r}; choose from {choices}")
         if not names:
@@ -110,36 +90,69 @@ class AblationArguments:
         if self.seeds is None:
             return [default]
         try:
-            return list(dict.fromkeys(int(seed) for seed in self.seeds.split(",")))
+            return list(dict.fromkeys(int(seed) for seed in _items(self.seeds)))
         except ValueError:
             raise ValueError(f"--seeds must be comma-separated integers; got {self.seeds!r}") from None
 
+    def size_names(self, default: str) -> list[str]:
+        names = list(dict.fromkeys(_items(self.sizes))) if self.sizes is not None else [default]
+        if not names:
+            raise ValueError("--sizes: empty list")
+        return names
 
-@dataclass
-class RunRecord:
-    variant: str
-    seed: int
-    train_loss: float  # last logged training loss
-    eval_loss: float | None
-    tokens: int
-    train_seconds: float  # the Trainer's train_runtime: the same whether this call trained the run or reused it
-    scale_parameters: int
-    output_dir: str
+    def learning_rate_list(self, default: float) -> list[float]:
+        if self.learning_rates is None:
+            return [default]
+        try:
+            rates = list(dict.fromkeys(float(rate) for rate in _items(self.learning_rates)))
+        except ValueError:
+            rates = []
+        if not rates or any(not rate >= 0 for rate in rates):  # `not >=` refuses NaN too
+            raise ValueError(f"--learning-rates must be comma-separated numbers >= 0; got {self.learning_rates!r}")
+        return rates
+
+    def shard_index(self) -> tuple[int, int]:
+        if self.shard is None:
+            return 0, 1
+        index, _, count = self.shard.partition("/")
+        if not (index.strip().isdigit() and count.strip().isdigit() and int(index) < int(count)):
+            raise ValueError(
+                f"--shard {self.shard!r}: give I/N with 0 <= I < N (I counts from 0, as Slurm array task ids)"
+            )
+        return int(index), int(count)
 
 
-@dataclass
-class VariantSummary:
-    """One variant over the seeds: final eval loss, and its difference to the reference variant in each seed."""
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
 
-    variant: str
-    seeds: list[int]
-    eval_loss_mean: float | None
-    eval_loss_std: float | None  # sample standard deviation; None with fewer than two seeds
-    train_loss_mean: float
-    reference: str | None
-    differences: dict[int, float]  # seed -> eval loss minus the reference's in that seed
-    expected: str | None
-    holds: int  # seeds in which the difference has the sign the paper predicts
+
+def build_grid(
+    ablation: AblationArguments,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: ScaleVecTrainingArguments,
+) -> Grid:
+    overrides = _config_overrides(model_args.config_overrides)
+    clash = [key for key in SIZE_FIELDS if key in overrides]
+    if ablation.sizes is not None and clash:
+        raise ValueError(f"--config-overrides sets {clash[0]}, which --sizes sets for each size")
+    per_parameter = ablation.tokens_per_parameter
+    if per_parameter is not None and not per_parameter > 0:
+        raise ValueError(f"--tokens-per-parameter must be > 0; got {per_parameter}")
+    if per_parameter is not None and training_args.max_steps > 0:
+        raise ValueError("--tokens-per-parameter sets each size's --max-steps: give one of the two")
+    tokens_per_step = (
+        training_args.per_device_train_batch_size
+        * training_args.gradient_accumulation_steps
+        * training_args.world_size
+        * data_args.resolved_seq_len()
+    )
+    names = ablation.size_names(model_args.model_size)
+    sizes = build_sizes(
+        names, model_args.model_size, overrides, tokens_per_step, per_parameter, training_args.max_steps
+    )
+    rates = ablation.learning_rate_list(training_args.learning_rate)
+    return Grid(sizes, ablation.variant_names(), rates, ablation.seed_list(training_args.seed))
 
 
 def run_ablation(
@@ -148,227 +161,85 @@ def run_ablation(
     data_args: DataArguments,
     training_args: ScaleVecTrainingArguments,
 ) -> list[RunRecord]:
+    """Train this process's share of the grid (what --resume finds finished is reused), then write the report from
+    every finished run of the grid; returns those runs (on the main process; nothing on the others)."""
     chosen = [name for name in _STRATEGY_FIELDS if getattr(model_args, name) is not None]
     if chosen:
         raise ValueError(f"--{chosen[0].replace('_', '-')}: scalevec-ablate sets the scale strategy per variant")
-    if training_args.logging_steps >= 1 and 0 < training_args.max_steps < training_args.logging_steps:
+    grid = build_grid(ablation, model_args, data_args, training_args)
+    steps = [size.max_steps for size in grid.sizes if size.max_steps > 0]
+    if training_args.logging_steps >= 1 and steps and min(steps) < training_args.logging_steps:
         raise ValueError("--logging-steps exceeds --max-steps: no training loss would be logged to compare")
     root = Path(training_args.output_dir)
-    records = []
-    for seed in ablation.seed_list(training_args.seed):
-        for name in ablation.variant_names():
-            variant = VARIANTS[name]
-            run_dir = root / f"{name}-seed{seed}"
-            args = replace(
-                training_args,
-                output_dir=str(run_dir),
-                seed=seed,
-                run_name=run_dir.name,
-                **variant.training_overrides(training_args),
-            )
-            result = train(replace(model_args, **variant.model), data_args, args)
-            records.append(_record(name, seed, result))
-            print(f"[ablation] {name} seed {seed}: {_format(records[-1])}", flush=True)
-            write_tables(records, root)  # after every run: a killed ablation still reports what finished
-    plot_losses(records, root / "loss_curves.png")
+    index, count = ablation.shard_index()
+    share = grid.shard(index, count)
+    finished = [point for point in share if is_finished(grid, point, root)]
+    todo = [] if ablation.report_only else [p for p in share if not (model_args.resume and p in finished)]
+    for point in todo:  # before anything trains: a folder of the grid that holds files needs --resume
+        _check_output_dir(point.folder(root), model_args.resume)
+    main_process = training_args.process_index == 0
+    if main_process:
+        print(plan(grid, (index, count), len(finished), len(todo), ablation.report_only), flush=True)
+    for number, point in enumerate(todo, 1):
+        _train(point, grid, model_args, data_args, training_args)
+        if main_process:
+            print(f"[ablation] {number}/{len(todo)} {read_record(grid, point, root).describe()}", flush=True)
+            write_report(finished_records(grid, root), grid, root, figures=False)  # a killed study still reports
+    if not main_process:
+        return []
+    records = finished_records(grid, root)
+    print(*write_report(records, grid, root), sep="\n")
+    print(f"[ablation] trained {len(todo)} runs; {len(records)} of the grid's {len(grid.points())} have finished")
+    print(f"results in {root}")
     return records
 
 
-def _record(variant: str, seed: int, result: TrainResult) -> RunRecord:
-    _, last_loss = logged_curve(read_run_records(result.output_dir).log_history, "loss")[-1]
-    return RunRecord(
-        variant=variant,
-        seed=seed,
-        train_loss=last_loss,
-        eval_loss=result.metrics.get("eval_loss"),
-        tokens=int(result.metrics.get("num_input_tokens_seen", 0)),
-        train_seconds=float(result.metrics.get("train_runtime", 0.0)),
-        scale_parameters=sum(scale_parameters(ScaleVecConfig.from_pretrained(result.output_dir)).values()),
-        output_dir=str(result.output_dir),
-    )
-
-
-def _format(record: RunRecord) -> str:
-    evaluation = "-" if record.eval_loss is None else f"{record.eval_loss:.4f}"
-    return f"train loss {record.train_loss:.4f}, eval loss {evaluation}, {record.train_seconds:.0f} s"
-
-
-def summarise(records: list[RunRecord]) -> list[VariantSummary]:
-    """Per variant, in the order run: eval loss mean ± std over seeds and the paired differences to the
-    reference (seeds where the reference was not run are left out)."""
-    eval_loss = {(r.variant, r.seed): r.eval_loss for r in records if r.eval_loss is not None}
-    summaries = []
-    for name in dict.fromkeys(r.variant for r in records):
-        runs = [r for r in records if r.variant == name]
-        evals = [r.eval_loss for r in runs if r.eval_loss is not None]
-        variant = VARIANTS[name]
-        differences = {
-            r.seed: eval_loss[name, r.seed] - eval_loss[variant.reference, r.seed]
-            for r in runs
-            if (name, r.seed) in eval_loss and (variant.reference, r.seed) in eval_loss
-        }
-        summaries.append(
-            VariantSummary(
-                variant=name,
-                seeds=[r.seed for r in runs],
-                eval_loss_mean=statistics.mean(evals) if evals else None,
-                eval_loss_std=statistics.stdev(evals) if len(evals) > 1 else None,
-                train_loss_mean=statistics.mean(r.train_loss for r in runs),
-                reference=variant.reference if differences else None,
-                differences=differences,
-                expected=variant.expected if differences else None,
-                holds=sum(_as_predicted(d, variant.expected) for d in differences.values()),
-            )
-        )
-    return summaries
-
-
-def _as_predicted(difference: float, expected: str | None) -> bool:
-    return (expected == "lower" and difference < 0) or (expected == "higher" and difference > 0)
-
-
-def seeds_where_predictions_fail(summaries: list[VariantSummary]) -> dict[int, list[str]]:
-    """Seed -> the variants whose difference to their reference has not the sign the paper predicts."""
-    failures = {seed: [] for s in summaries if s.expected for seed in s.differences}
-    for summary in summaries:
-        for seed, difference in summary.differences.items():
-            if summary.expected and not _as_predicted(difference, summary.expected):
-                failures[seed].append(summary.variant)
-    return failures
-
-
-def summary_table(records: list[RunRecord]) -> str:
-    """Markdown: one row per variant (eval loss over seeds, paired differences to the reference), then the
-    ranking in each seed and where the paper's predictions fail."""
-    summaries = summarise(records)
-    seeds = list(dict.fromkeys(r.seed for r in records))
-    rows = [
-        f"Final eval loss over seeds {', '.join(map(str, seeds))}. Within a seed every variant starts from the same "
-        "initial matrices and reads the same batches; Δ is its eval loss minus the reference's in the same seed; "
-        "'holds': seeds in which Δ has the sign the paper predicts.",
-        "",
-        "| variant | eval loss (mean ± std) | reference | Δ per seed | Δ (mean ± std) | paper | holds "
-        "| final train loss | tokens | scale params | train time / run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+def plan(grid: Grid, shard: tuple[int, int], finished: int, todo: int, report_only: bool) -> str:
+    """What the call will train: the grid, each size's length of run, this process's share."""
+    lines = [
+        f"[ablation] grid: {grid.describe()}: variants {', '.join(grid.variants)}; learning rates "
+        f"{', '.join(f'{lr:g}' for lr in grid.learning_rates)}; seeds {', '.join(map(str, grid.seeds))}",
+        *(f"[ablation]   {size.describe()}" for size in grid.sizes),
     ]
-    for s in summaries:
-        runs = [r for r in records if r.variant == s.variant]
-        differences = list(s.differences.values())
-        rows.append(
-            f"| {s.variant} | {_mean_std(s.eval_loss_mean, s.eval_loss_std)} | {s.reference or '-'} "
-            f"| {', '.join(f'{d:+.4f}' for d in differences) or '-'} | {_spread(differences, signed=True)} "
-            f"| {_PREDICTIONS.get(s.expected, '-')} | {f'{s.holds}/{len(differences)}' if s.expected else '-'} "
-            f"| {s.train_loss_mean:.4f} | {runs[0].tokens:,} | {runs[0].scale_parameters:,} "
-            f"| {statistics.median(r.train_seconds for r in runs):.0f} s |"
-        )
-    rows += ["", "Lowest eval loss first, per seed:", ""]
-    for seed in seeds:
-        ranked = sorted((r for r in records if r.seed == seed and r.eval_loss is not None), key=lambda r: r.eval_loss)
-        rows.append(f"- seed {seed}: " + " < ".join(f"{r.variant} {r.eval_loss:.4f}" for r in ranked))
-    failures = seeds_where_predictions_fail(summaries)
-    if failures:
-        failed = {seed: names for seed, names in failures.items() if names}
-        verdict = "yes" if not failed else "no: " + "; ".join(f"seed {s}: {', '.join(n)}" for s, n in failed.items())
-        rows += ["", f"The paper's predictions hold in every seed: {verdict}."]
-    return "\n".join(rows) + "\n"
+    index, count = shard
+    total = len(grid.points())
+    shares = [len(grid.shard(i, count)) for i in range(count)]
+    share = f"shard {index}/{count}: {shares[index]} of the {total} runs" if count > 1 else f"all {total} runs"
+    if count > 1:
+        share += f" (shares of {', '.join(map(str, shares))})"
+    what = "report only: training nothing" if report_only else f"to train now: {todo}"
+    lines.append(f"[ablation] {share}; finished already: {finished}; {what}")
+    return "\n".join(lines)
 
 
-_PREDICTIONS = {"lower": "Δ < 0", "higher": "Δ > 0"}
+def _train(
+    point: GridPoint,
+    grid: Grid,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: ScaleVecTrainingArguments,
+) -> None:
+    size, variant = grid.size(point.size), VARIANTS[point.variant]
+    folder = point.folder(Path(training_args.output_dir))
+    args = replace(
+        training_args,
+        output_dir=str(folder),
+        run_name=f"{point.size}/{folder.name}",
+        seed=point.seed,
+        learning_rate=point.learning_rate,
+        max_steps=size.max_steps,
+        **variant.training_overrides(training_args),
+    )
+    model = replace(model_args, model_size=size.preset, config_overrides=size.config_overrides, **variant.model)
+    train(model, data_args, args)
 
 
-def _mean_std(mean: float | None, std: float | None) -> str:
-    if mean is None:
-        return "-"
-    return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
-
-
-def _spread(values: list[float], signed: bool = False) -> str:
-    if not values:
-        return "-"
-    std = statistics.stdev(values) if len(values) > 1 else None
-    mean = f"{statistics.mean(values):{'+' if signed else ''}.4f}"
-    return mean if std is None else f"{mean} ± {std:.4f}"
-
-
-def write_tables(records: list[RunRecord], root: Path) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    results = {"summary": [asdict(s) for s in summarise(records)], "runs": [asdict(r) for r in records]}
-    write_text_atomically(root / "results.md", summary_table(records))
-    write_text_atomically(root / "results.json", json.dumps(results, indent=2) + "\n")
-
-
-def mean_curves(records: list[RunRecord], key: str = "loss") -> dict[str, tuple[list[int], list[list[float]]]]:
-    """Variant -> (steps logged by every seed, the values of each seed at those steps)."""
-    curves = {}
-    for name in dict.fromkeys(r.variant for r in records):
-        per_seed = [
-            dict(logged_curve(read_run_records(r.output_dir).log_history, key)) for r in records if r.variant == name
-        ]
-        steps = sorted(set.intersection(*(set(curve) for curve in per_seed)))
-        curves[name] = (steps, [[curve[step] for step in steps] for curve in per_seed])
-    return curves
-
-
-def plot_losses(records: list[RunRecord], path: Path) -> Path:
-    """Training loss (mean over seeds, min–max band), the same over the last 40 % of steps, and each seed's
-    eval-loss difference to the reference variant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (full, tail, paired) = plt.subplots(1, 3, figsize=(17, 4.8), gridspec_kw={"width_ratios": [3, 3, 2]})
-    curves = mean_curves(records)
-    colours = {name: f"C{i}" for i, name in enumerate(curves)}
-    seeds = len(dict.fromkeys(r.seed for r in records))
-    for axis in (full, tail):
-        for name, (steps, values) in curves.items():
-            mean = [statistics.mean(column) for column in zip(*values)]
-            axis.plot(steps, mean, color=colours[name], label=name)
-            axis.fill_between(steps, *_min_max(values), color=colours[name], alpha=0.2, linewidth=0)
-    full.set(title=f"training loss (mean of {seeds} seeds, band: min–max)", xlabel="step", ylabel="nats per token")
-    full.legend(fontsize="small")
-    _zoom_on_tail(tail, curves, fraction=0.4)
-    tail.set(title="last 40 % of steps", xlabel="step")
-    _plot_differences(paired, summarise(records), colours)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-def _min_max(values: list[list[float]]) -> tuple[list[float], list[float]]:
-    columns = list(zip(*values))
-    return [min(c) for c in columns], [max(c) for c in columns]
-
-
-def _zoom_on_tail(axis, curves: dict, fraction: float) -> None:
-    last = max(steps[-1] for steps, _ in curves.values() if steps)
-    start = last * (1 - fraction)
-    shown = [v for steps, values in curves.values() for seed in values for s, v in zip(steps, seed) if s >= start]
-    if shown:
-        margin = 0.05 * (max(shown) - min(shown) or 1.0)
-        axis.set_xlim(start, last)
-        axis.set_ylim(min(shown) - margin, max(shown) + margin)
-
-
-def _plot_differences(axis, summaries: list[VariantSummary], colours: dict[str, str]) -> None:
-    compared = [s for s in summaries if s.differences]
-    for row, summary in enumerate(compared):
-        differences = list(summary.differences.values())
-        axis.scatter(differences, [row] * len(differences), color=colours[summary.variant], alpha=0.6)
-        axis.scatter([statistics.mean(differences)], [row], color=colours[summary.variant], marker="|", s=400)
-    axis.axvline(0, color="grey", linewidth=0.8)
-    axis.set_yticks(range(len(compared)), [f"{s.variant}\n− {s.reference}" for s in compared], fontsize="small")
-    axis.invert_yaxis()
-    axis.set(title="final eval loss − reference", xlabel="nats per token (dots: seeds, |: mean)")
+ABLATE_ARGUMENTS = (AblationArguments, ModelArguments, DataArguments, ScaleVecTrainingArguments)
 
 
 def main(argv: list[str] | None = None) -> int:
-    types = (AblationArguments, ModelArguments, DataArguments, ScaleVecTrainingArguments)
-
     def ablate() -> None:
-        ablation, *arguments = parse_arguments(sys.argv[1:] if argv is None else argv, types)
-        print(summary_table(run_ablation(ablation, *arguments)))
-        print(f"results in {Path(arguments[2].output_dir)}")
+        run_ablation(*parse_arguments(sys.argv[1:] if argv is None else argv, ABLATE_ARGUMENTS))
 
     return exit_status("scalevec-ablate", ablate, (ValueError, NonFiniteLossError))
 

@@ -1,11 +1,13 @@
 """Scale-vector diagnostics: per-site statistics logged during training, and the end-of-run picture."""
 
+import io
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
 
+from ..atomic import write_bytes_atomically
 from ..modeling_scalevec import ScaleVecScale
 from ..run_records import RUN_PICTURE, logged_curve
 from ..scale_sites import scale_site, vector_statistics
@@ -148,12 +150,11 @@ def run_figure(log_history: list[dict], stats: dict):
 
 
 def save_figure(fig, path: Path) -> Path:
-    """Write a matplotlib figure as PNG atomically (a reader never sees half a file) and close it."""
+    """Write a matplotlib figure as PNG atomically (a reader never sees half a file, and processes drawing the same
+    figure at once, as the shards of a study do, do not clash) and close it."""
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp.png")
-    fig.savefig(temporary, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format="png")
     plt.close(fig)
-    temporary.replace(path)
-    return path
+    return write_bytes_atomically(path, image.getvalue())

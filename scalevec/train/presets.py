@@ -1,5 +1,8 @@
 """Model sizes: `tiny` trains in minutes on two CPU cores; the others follow the paper's range (0.12B to 2B dense,
-and an MoE model) and are meant for GPUs. Vocabulary size comes from the tokenizer."""
+and an MoE model) and are meant for GPUs; `size_fields` also builds any `LAYERSxHIDDEN` size by one rule (for
+scaling ladders). Vocabulary size comes from the tokenizer."""
+
+import math
 
 _TINY = dict(
     hidden_size=128,
@@ -58,3 +61,54 @@ MODEL_SIZES: dict[str, dict] = {
         qk_norm=True,
     ),
 }
+
+# The dimensions a size sets; `LAYERSxHIDDEN` sets these on top of a preset, which gives everything else.
+SIZE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "moe_intermediate_size",
+)
+HEAD_DIM = 32
+SIZE_RULE = (
+    f"LAYERSxHIDDEN (e.g. 2x64): heads of {HEAD_DIM} dimensions (one head of HIDDEN below {HEAD_DIM}; HIDDEN a "
+    f"multiple of {HEAD_DIM} above), key-value heads half the heads rounded down to a divisor of them (1 for one "
+    "head), SwiGLU width 8/3 x HIDDEN rounded up to a multiple of 16 (Llama's rule), an MoE preset's expert width in "
+    "that preset's ratio to its hidden size; everything else (context length, experts) is the --model-size preset's. "
+    "4x128 is the `tiny` preset"
+)
+
+
+def size_fields(size: str, base: str = "tiny") -> dict:
+    """The ScaleVecConfig fields of `size`: a preset of MODEL_SIZES, or `LAYERSxHIDDEN` on top of the preset
+    `base` (SIZE_RULE)."""
+    if size in MODEL_SIZES:
+        return dict(MODEL_SIZES[size])
+    layers, separator, hidden = size.partition("x")
+    if not (separator and layers.isdigit() and hidden.isdigit() and int(layers) > 0 and int(hidden) > 0):
+        raise ValueError(f"size {size!r} is neither a preset ({', '.join(MODEL_SIZES)}) nor LAYERSxHIDDEN like 2x64")
+    layers, hidden = int(layers), int(hidden)
+    if hidden % 2 or (hidden > HEAD_DIM and hidden % HEAD_DIM):
+        raise ValueError(
+            f"size {size!r}: HIDDEN must be even and, above {HEAD_DIM}, a multiple of the head dimension {HEAD_DIM}"
+        )
+    heads = max(1, hidden // HEAD_DIM)
+    fields = dict(MODEL_SIZES[base])
+    fields.update(
+        hidden_size=hidden,
+        intermediate_size=_multiple_of_16(8 * hidden / 3),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=next(kv for kv in range(max(1, heads // 2), 0, -1) if heads % kv == 0),
+    )
+    if "moe_intermediate_size" in fields:
+        ratio = fields["moe_intermediate_size"] / MODEL_SIZES[base]["hidden_size"]
+        fields["moe_intermediate_size"] = _multiple_of_16(ratio * hidden)
+    return fields
+
+
+def _multiple_of_16(width: float) -> int:
+    return 16 * math.ceil(width / 16 - 1e-9)
