@@ -62,7 +62,7 @@ def test_mean_std_and_paired_differences_over_two_seeds(tmp_path, capsys):
 def test_variants_of_a_seed_start_alike_and_read_the_same_batches(tmp_path):
     """At learning rate 0 nothing moves: the saved weights are the initial ones, and every variant whose scales
     start at 1 computes the function of `none`, so it logs the same loss on the same batch at every step."""
-    variants = ["none", "unified", "standard-input-exempt", "unified-output-norm-decayed"]
+    variants = ["none", "unified", "standard-input-exempt", "unified-output-norm-decayed", "standard-decay-to-one"]
     root = tmp_path / "frozen"
     argv = ["--variants", ",".join(variants), *train_argv(root, "--learning-rate", "0", "--seed", "7", steps=3)]
     assert ablate.main(argv) == 0
@@ -80,6 +80,9 @@ def test_variants_of_a_seed_start_alike_and_read_the_same_batches(tmp_path):
     assert decays["standard-input-exempt"]["input_scale_weight_decay"] == 0.0
     assert decays["unified"]["output_scale_weight_decay"] == 0.0
     assert decays["unified-output-norm-decayed"]["output_scale_weight_decay"] == 0.1  # --weight-decay
+    assert (
+        decays["standard-decay-to-one"]["scale_decay_target"] == 1.0 and decays["unified"]["scale_decay_target"] == 0
+    )
 
 
 def test_variant_groups_and_refusals(tmp_path, capsys):

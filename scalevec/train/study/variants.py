@@ -16,9 +16,10 @@ class Variant:
     expected: str | None = "lower"  # "lower", "higher", or None where the paper predicts nothing
     exempt_input_scales: bool = False  # the stock Trainer's rule (no decay on anything named "norm")
     decay_output_scales: bool = False  # decayed as the matrices are (--weight-decay)
+    decay_toward_one: bool = False  # the scales' decay pulls them toward 1 (the identity), not 0
 
     def training_overrides(self, args: ScaleVecTrainingArguments) -> dict:
-        overrides = {}
+        overrides = {"scale_decay_target": 1.0} if self.decay_toward_one else {}
         if self.exempt_input_scales:
             overrides["input_scale_weight_decay"] = 0.0
         if self.decay_output_scales:
@@ -31,7 +32,8 @@ _UNIFIED = dict(scale_preset="unified")
 _UNIFIED_OUTPUT_NORMS = dict(scale_preset="unified", output_norm=True)  # Peri-LN: output-role scales exist
 # The paper's strategies, each isolated on top of "standard" (shared norm scale, direct), then all together; then
 # its weight-decay rule by role: input-role scales decayed (ours) vs exempt (the stock Trainer, which for
-# "standard" gives exactly its parameter groups), output-role scales exempt (ours and the stock Trainer) vs decayed.
+# "standard" gives exactly its parameter groups), output-role scales exempt (ours and the stock Trainer) vs decayed;
+# and, beyond the paper, the input-role scales' decay pulling toward 1 instead of 0.
 VARIANTS: dict[str, Variant] = {
     "none": Variant(dict(scale_preset="none"), expected="higher"),
     "standard": Variant(_STANDARD, reference=None, expected=None),
@@ -45,6 +47,9 @@ VARIANTS: dict[str, Variant] = {
     "unified-output-norm-decayed": Variant(
         _UNIFIED_OUTPUT_NORMS, reference="unified-output-norm", expected="higher", decay_output_scales=True
     ),
+    # Not the paper's: decay toward the identity instead of toward 0 (does the direction of the pull matter?).
+    "standard-decay-to-one": Variant(_STANDARD, expected=None, decay_toward_one=True),
+    "unified-decay-to-one": Variant(_UNIFIED, reference="unified", expected=None, decay_toward_one=True),
 }
 VARIANT_GROUPS: dict[str, list[str]] = {
     "strategies": ["none", "standard", "branch", "placement", "magdir", "unified"],
@@ -56,6 +61,7 @@ VARIANT_GROUPS: dict[str, list[str]] = {
         "unified-output-norm",
         "unified-output-norm-decayed",
     ],
+    "decay-target": ["standard", "standard-decay-to-one", "unified", "unified-decay-to-one"],
     "all": list(VARIANTS),
 }
 
