@@ -22,8 +22,8 @@ from transformers.utils.generic import is_flash_attention_requested
 
 from ..atomic import (
     exit_status,
+    finish_tree,
     fsync_path,
-    fsync_tree,
     removed_if_left_empty,
     write_text_atomically,
     writes_into,
@@ -260,7 +260,7 @@ def _save_result(trainer: ScaleVecTrainer, metrics: dict, data_record: dict, fig
 
 
 def _move_files(source: Path, destination: Path) -> None:
-    fsync_tree(source)
+    finish_tree(source)
     for file in source.iterdir():
         os.replace(file, destination / file.name)
 
