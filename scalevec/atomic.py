@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from safetensors import SafetensorError
+from tqdm import tqdm
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1  # from linux/fs.h
@@ -143,11 +144,14 @@ def exit_status(program: str, work: Callable[[], object], expected: tuple[type[E
     try:
         work()
     except expected as error:
-        print(f"{program}: error: {error}", file=sys.stderr)
+        message = str(error)
     except OSError as error:
-        print(f"{program}: error: {describe_os_error(error)}", file=sys.stderr)
+        message = describe_os_error(error)
     else:
         return 0
+    for bar in list(tqdm._instances):  # a progress bar the error interrupted: end its line, or ours would join it
+        bar.close()
+    print(f"{program}: error: {message}", file=sys.stderr)
     return 1
 
 

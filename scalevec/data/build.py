@@ -28,7 +28,7 @@ from .prepared import (
     prepare,
     tokenizer_fingerprint,
 )
-from .sources import DataError, Source, find_source
+from .sources import DataError, Source, find_source, is_missing_path
 from .streaming import streamed_blocks
 
 DEFAULT_SEQ_LEN = 256
@@ -102,6 +102,8 @@ class DataArguments:
             value = getattr(self, name)
             if value is not None and value < lowest:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least {lowest}; got {value}")
+        if self.eval_dataset and is_missing_path(self.eval_dataset):
+            raise DataError(f"--eval-dataset {self.eval_dataset}: no such file or folder")
         if self.eval_dataset and self.eval_every:
             raise ValueError("--eval-every holds documents out of --dataset; with --eval-dataset it must be 0")
         if self.streaming and self.max_documents is not None:
@@ -109,9 +111,15 @@ class DataArguments:
         self.weights()  # checked now, before anything is built
 
     def entries(self) -> list[str]:
+        """The `--dataset` entries: comma-separated, except that commas inside a path that exists do not separate
+        (the longest run of comma-joined parts that names an existing file or folder is one entry)."""
         if self.dataset is None:
             return [str(default_corpus_file())]
-        entries = [entry.strip() for entry in self.dataset.split(",")]
+        parts, entries = self.dataset.split(","), []
+        while parts:
+            taken = next((n for n in range(len(parts), 1, -1) if _exists(",".join(parts[:n]))), 1)
+            entries.append(",".join(parts[:taken]).strip())
+            parts = parts[taken:]
         if not all(entries):
             raise ValueError(f"--dataset {self.dataset!r}: an empty entry")
         return entries
@@ -123,7 +131,7 @@ class DataArguments:
             weights = [float(weight) for weight in self.dataset_weights.split(",")]
         except ValueError:
             raise ValueError(f"--dataset-weights {self.dataset_weights!r}: not comma-separated numbers") from None
-        count = len(self.dataset.split(",")) if self.dataset else 1
+        count = len(self.entries())
         if len(weights) != count:
             raise ValueError(f"--dataset-weights gives {len(weights)} weights for {count} --dataset entries")
         if not all(weight > 0 for weight in weights):
@@ -352,6 +360,10 @@ class _Builder:
 
     def _label(self, entry: str) -> str:
         return EMBEDDED if self.args.dataset is None else entry
+
+
+def _exists(entry: str) -> bool:
+    return Path(entry.strip()).expanduser().exists()
 
 
 def _display_name(tokenizer_name: str) -> str:

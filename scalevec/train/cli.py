@@ -278,14 +278,40 @@ def _picture(output_dir: Path) -> Path | None:
 TRAIN_ARGUMENTS = (ModelArguments, DataArguments, ScaleVecTrainingArguments, LoraArguments)
 
 
+class _Parser(HfArgumentParser):
+    def error(self, message: str):
+        # argparse prints its whole usage (140 lines here) above the one line that matters, and exits
+        raise ValueError(f"{message} (--help lists the options)")
+
+
 def parse_arguments(argv: list[str], types: tuple[type, ...] = TRAIN_ARGUMENTS) -> tuple:
     """The dataclasses `types` from command-line flags, after an optional JSON/YAML file of the same options
-    (each checked against the flags' names and types before anything is built)."""
-    parser = HfArgumentParser(types)
+    (each checked against the flags' names and types before anything is built). A mistake is a `ValueError`."""
+    parser = _Parser(types)
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
         parser.set_defaults(**_options_file(Path(argv[0]), parser))
         argv = argv[1:]
-    return parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    return parser.parse_args_into_dataclasses(_attached_values(argv, parser), look_for_args_file=False)
+
+
+def _attached_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--flag -0.5,1` as `--flag=-0.5,1` where `--flag` takes one value and `-0.5,1` is no flag: argparse takes
+    any word starting with "-" for a flag, except a plain negative number, and would say "expected one argument"
+    instead of what is wrong with the value."""
+    takes_value = {
+        option
+        for action in parser._actions
+        if isinstance(action, argparse._StoreAction) and action.nargs is None
+        for option in action.option_strings
+    }
+    attached, words = [], iter(argv)
+    for word in words:
+        value = next(words, None) if word in takes_value else None
+        if value is not None and value.startswith("-") and value.split("=")[0] not in parser._option_string_actions:
+            attached.append(f"{word}={value}")
+        else:
+            attached += [word] if value is None else [word, value]
+    return attached
 
 
 def _options_file(path: Path, parser: HfArgumentParser) -> dict:
@@ -318,7 +344,9 @@ def _typed_value(path: Path, key: str, value, action):
     """`value` converted as the flag `--key` would convert its text; refused with the file and key if it can't."""
     if value is None or isinstance(value, dict) or action.type is None:
         return value
-    items = value if isinstance(value, list) else [value]  # lists as the flag's nargs or its field's type take them
+    if isinstance(value, list) and action.nargs in (None, "?"):
+        raise ValueError(f"{path}: {key}: expected one {_type_name(action.type)}, got a list ({value!r})")
+    items = value if isinstance(value, list) else [value]  # lists as the flag's nargs takes them
     converted = []
     for item in items:
         try:
