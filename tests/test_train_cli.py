@@ -179,7 +179,7 @@ MISTAKES = {  # (flags, the one line that names the problem); "{data}": a folder
         ["--max-steps"],
         "argument --max_steps/--max-steps: expected one argument (--help lists the options)",
     ),
-    "list for one value": (["{data}/run.yaml"], "{data}/run.yaml: seq_len: expected one int, got a list ([64])"),
+    "list for one value": (["{data}/run.yaml"], "{data}/run.yaml: seq_len: expected one value, got a list ([64])"),
 }
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -332,21 +333,30 @@ def _options_file(path: Path, parser: HfArgumentParser) -> dict:
     for action in parser._actions:  # a boolean flag's `--no_*` twin comes second: keep the flag itself
         actions.setdefault(action.dest, action)
     del actions["help"]
+    lists = _list_fields(parser)
     for key, value in values.items():
         if key not in actions:
             close = difflib.get_close_matches(str(key), list(actions), n=1)
             raise ValueError(f"{path}: unknown option {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        if isinstance(value, list) and key not in lists:
+            raise ValueError(f"{path}: {key}: expected one value, got a list ({value!r})")
         values[key] = _typed_value(path, key, value, actions[key])
     return values
+
+
+def _list_fields(parser: HfArgumentParser) -> set[str]:
+    """The options whose field takes a list (`report_to: [tensorboard, wandb]`), whatever their flag's nargs."""
+    hints = {name: hint for kind in parser.dataclass_types for name, hint in typing.get_type_hints(kind).items()}
+    return {
+        name for name, hint in hints.items() if list in {typing.get_origin(t) for t in (hint, *typing.get_args(hint))}
+    }
 
 
 def _typed_value(path: Path, key: str, value, action):
     """`value` converted as the flag `--key` would convert its text; refused with the file and key if it can't."""
     if value is None or isinstance(value, dict) or action.type is None:
         return value
-    if isinstance(value, list) and action.nargs in (None, "?"):
-        raise ValueError(f"{path}: {key}: expected one {_type_name(action.type)}, got a list ({value!r})")
-    items = value if isinstance(value, list) else [value]  # lists as the flag's nargs takes them
+    items = value if isinstance(value, list) else [value]  # lists as the flag's nargs or its field's type take them
     converted = []
     for item in items:
         try:
