@@ -102,8 +102,9 @@ class DataArguments:
             value = getattr(self, name)
             if value is not None and value < lowest:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least {lowest}; got {value}")
-        if self.eval_dataset and is_missing_path(self.eval_dataset):
-            raise DataError(f"--eval-dataset {self.eval_dataset}: no such file or folder")
+        for entry in _split_entries(self.eval_dataset, "--eval-dataset") if self.eval_dataset else []:
+            if is_missing_path(entry):  # found here, or the source would be named as a --dataset
+                raise DataError(f"--eval-dataset {entry}: no such file or folder")
         if self.eval_dataset and self.eval_every:
             raise ValueError("--eval-every holds documents out of --dataset; with --eval-dataset it must be 0")
         if self.streaming and self.max_documents is not None:
@@ -111,18 +112,9 @@ class DataArguments:
         self.weights()  # checked now, before anything is built
 
     def entries(self) -> list[str]:
-        """The `--dataset` entries: comma-separated, except that commas inside a path that exists do not separate
-        (the longest run of comma-joined parts that names an existing file or folder is one entry)."""
         if self.dataset is None:
             return [str(default_corpus_file())]
-        parts, entries = self.dataset.split(","), []
-        while parts:
-            taken = next((n for n in range(len(parts), 1, -1) if _exists(",".join(parts[:n]))), 1)
-            entries.append(",".join(parts[:taken]).strip())
-            parts = parts[taken:]
-        if not all(entries):
-            raise ValueError(f"--dataset {self.dataset!r}: an empty entry")
-        return entries
+        return _split_entries(self.dataset, "--dataset")
 
     def weights(self) -> list[float] | None:
         if self.dataset_weights is None:
@@ -155,6 +147,23 @@ class DataArguments:
         if self.eval_every is not None:
             return self.eval_every
         return 0 if self.eval_dataset else DEFAULT_EVAL_EVERY
+
+
+def _split_entries(text: str, flag: str) -> list[str]:
+    """Comma-separated entries, except that a comma inside a path that exists does not separate: the longest run
+    of comma-joined parts that names an existing file or folder is one entry."""
+    parts, entries = text.split(","), []
+    while parts:
+        taken = next((n for n in range(len(parts), 1, -1) if _exists(",".join(parts[:n]))), 1)
+        entries.append(",".join(parts[:taken]).strip())
+        parts = parts[taken:]
+    if not all(entries):
+        raise ValueError(f"{flag} {text!r}: an empty entry")
+    return entries
+
+
+def _exists(entry: str) -> bool:
+    return Path(entry.strip()).expanduser().exists()
 
 
 @dataclass
@@ -360,10 +369,6 @@ class _Builder:
 
     def _label(self, entry: str) -> str:
         return EMBEDDED if self.args.dataset is None else entry
-
-
-def _exists(entry: str) -> bool:
-    return Path(entry.strip()).expanduser().exists()
 
 
 def _display_name(tokenizer_name: str) -> str:
