@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from safetensors import SafetensorError
+from tqdm import tqdm
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1  # from linux/fs.h
@@ -47,7 +48,7 @@ def write_bytes_atomically(path: str | Path, data: bytes) -> Path:
     try:
         with os.fdopen(descriptor, "wb") as file:
             file.write(data)
-        os.chmod(temporary, 0o644)  # mkstemp makes it private; these files are meant to be read
+        os.chmod(temporary, user_mode(is_folder=False))  # mkstemp makes it private
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -64,12 +65,35 @@ def fsync_path(path: str | Path) -> None:
         os.close(descriptor)
 
 
-def fsync_tree(folder: str | Path) -> None:
-    """Flush every file and folder under `folder`, and `folder` itself: after a power loss a folder renamed into
-    place afterwards holds what was written, not empty files."""
+def user_mode(is_folder: bool) -> int:
+    """The permissions `open` gives a new file (`mkdir` a new folder) under the process's umask: 0644 (0755)
+    under the usual umask 022, 0664 (0775) under a team's 002."""
+    return (0o777 if is_folder else 0o666) & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux says it without changing it, which setting and restoring it would, for every thread
+        status = Path("/proc/self/status").read_text()
+        return int(re.search(r"^Umask:\s*([0-7]+)", status, re.MULTILINE).group(1), 8)
+    except (OSError, AttributeError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return umask
+
+
+def finish_tree(folder: str | Path) -> None:
+    """Make the staged `folder` ready to appear under its final name: every file and folder under it, and it, get
+    the user's permissions (`user_mode`: `mkdtemp`, `mkstemp` and safetensors make them private, so that a job
+    running as another user, or a colleague, could not read them) and are flushed to the disk (after a power loss a
+    folder renamed into place afterwards holds what was written, not empty files)."""
+    file_mode, folder_mode = user_mode(is_folder=False), user_mode(is_folder=True)
     for root, _, files in os.walk(folder, topdown=False):
         for name in files:
-            fsync_path(os.path.join(root, name))
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, file_mode)
+                fsync_path(path)
+        os.chmod(root, folder_mode)
         fsync_path(root)
 
 
@@ -104,9 +128,9 @@ def _renameat2_noreplace(source: bytes, destination: bytes) -> bool:
 
 
 def commit_folder(staging: str | Path, destination: str | Path) -> None:
-    """Make the finished folder `staging` appear as `destination` (which must not exist), durably: its files are
-    flushed before the rename and the parent's entry after it."""
-    fsync_tree(staging)
+    """Make the finished folder `staging` appear as `destination` (which must not exist), durably and with the
+    user's permissions (`finish_tree`); the parent's entry is flushed after the rename."""
+    finish_tree(staging)
     rename_noreplace(staging, destination)
     fsync_path(os.path.dirname(os.path.abspath(destination)))
 
@@ -126,11 +150,14 @@ def exit_status(program: str, work: Callable[[], object], expected: tuple[type[E
     try:
         work()
     except expected as error:
-        print(f"{program}: error: {error}", file=sys.stderr)
+        message = str(error)
     except OSError as error:
-        print(f"{program}: error: {describe_os_error(error)}", file=sys.stderr)
+        message = describe_os_error(error)
     else:
         return 0
+    for bar in list(tqdm._instances):  # a progress bar the error interrupted: end its line, or ours would join it
+        bar.close()
+    print(f"{program}: error: {message}", file=sys.stderr)
     return 1
 
 

@@ -15,6 +15,82 @@ TRAINING_DATA = "training_data.json"  # what `scalevec-train` trained on: source
 RUN_SUMMARY = "run_summary.json"  # how `scalevec-train` ended: losses, evaluation, hardware, throughput
 # Eval keys that describe the evaluation run rather than the model.
 EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+# The entry of a trainer state's `stateful_callbacks` that holds the run's clock (`RunClock`): the callback's name.
+RUN_CLOCK = "ThroughputCallback"
+
+
+@dataclass
+class RunClock:
+    """A run's time over all its segments (its first start and each resume), up to its latest save. Every
+    checkpoint's `trainer_state.json` carries it, so a resumed run adds its own time to the time its checkpoint
+    recorded, whenever and however often it was stopped; the steps a stopped segment trained after its last
+    checkpoint are trained again by the next and counted once."""
+
+    segment_starts: list[int] = field(default_factory=lambda: [0])  # the step each segment started from
+    wall_seconds: float = 0.0  # in `Trainer.train`, summed over the segments
+    training_seconds: float = 0.0  # the same less evaluations and saves: what tokens/s and MFU are taken over
+
+    @classmethod
+    def recorded(cls, state: dict) -> "RunClock | None":
+        """The clock a trainer state (`trainer_state.json`, or `vars(trainer.state)`) recorded; None if none."""
+        entry = (state.get("stateful_callbacks") or {}).get(RUN_CLOCK)
+        clock = entry.get("attributes", {}).get("recorded_clock") if isinstance(entry, dict) else None
+        try:
+            return cls(**clock) if isinstance(clock, dict) else None
+        except TypeError:  # not a clock this version wrote
+            return None
+
+
+@dataclass
+class WholeRun:
+    """The figures of a whole run, however many segments it had, from its trainer state."""
+
+    steps: int
+    tokens: int
+    clock: RunClock | None  # None: not recorded (a stock Trainer's run, or one resumed from such a checkpoint)
+    mean_loss: float | None  # of the logged training losses, each weighted by the steps it averages
+    mean_loss_steps: int  # the steps that mean covers: all of them unless some were never logged
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        if self.clock is None or not self.clock.training_seconds or not self.tokens:
+            return None
+        return self.tokens / self.clock.training_seconds
+
+
+def loss_coverage(covered: int, steps: int) -> str:
+    """Which steps a mean of the logged losses covers: `all 200 steps`, `196 of the 200 steps (those logged)`."""
+    return f"all {steps:,} steps" if covered >= steps else f"{covered:,} of the {steps:,} steps (those logged)"
+
+
+def segments_text(segment_starts: list[int]) -> str:
+    """Nothing for a run never resumed, else ` over 3 segments (resumed at steps 48 and 120)`."""
+    resumes = [f"{step:,}" for step in segment_starts[1:]]
+    if not resumes:
+        return ""
+    steps = f"step {resumes[0]}" if len(resumes) == 1 else f"steps {', '.join(resumes[:-1])} and {resumes[-1]}"
+    return f" over {len(resumes) + 1} segments (resumed at {steps})"
+
+
+def whole_run(state: dict) -> WholeRun:
+    """The whole run's figures from a trainer state (`trainer_state.json`, or `vars(trainer.state)`): its log
+    history holds every logged step once, however often the run was resumed, and its clock the time of all segments.
+    Each logged loss is the mean since the previous log or the segment's start, whichever is later."""
+    clock = RunClock.recorded(state)
+    starts = clock.segment_starts if clock else [0]
+    total = weight = 0.0
+    previous = 0
+    for entry in logged_entries(state.get("log_history") or [], "loss"):
+        step = entry["step"]
+        steps = step - max([previous, *(start for start in starts if start < step)])
+        total, weight, previous = total + entry["loss"] * steps, weight + steps, step
+    return WholeRun(
+        steps=int(state.get("global_step") or 0),
+        tokens=int(state.get("num_input_tokens_seen") or 0),
+        clock=clock,
+        mean_loss=total / weight if weight else None,
+        mean_loss_steps=int(weight),
+    )
 
 
 @dataclass

@@ -62,14 +62,14 @@ def test_a_destination_appearing_during_the_commit_is_never_replaced(tmp_path, m
     """Another process creates the destination between the commit's check and its rename (here: while the
     staging folder is being flushed); the commit fails and leaves that output as it is."""
     saved_scalevec(tmp_path / "src", tiny_config())
-    flush = staging_module.fsync_tree
+    flush = staging_module.finish_tree
 
     def flush_then_race(folder):
         flush(folder)
         (tmp_path / "out").mkdir()  # an empty folder: a plain rename would replace it silently
         (tmp_path / "out" / "theirs.txt").write_text("the other output")
 
-    monkeypatch.setattr(staging_module, "fsync_tree", flush_then_race)
+    monkeypatch.setattr(staging_module, "finish_tree", flush_then_race)
     with pytest.raises(TargetError, match="appeared while this output was being written"):
         fold_checkpoint(tmp_path / "src", tmp_path / "out")
     assert names_in(tmp_path / "out") == ["theirs.txt"]

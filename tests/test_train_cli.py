@@ -1,9 +1,16 @@
 """`scalevec-train` end to end on the embedded corpus, at a tiny size: the loss goes down,
 diagnostics, resuming, two-process DDP, and bad inputs."""
 
+import contextlib
 import json
 import math
+import os
+import re
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,11 +18,11 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from scalevec import ScaleVecForCausalLM
-from scalevec.train import default_tokenizer
+from scalevec.train import DataArguments, default_tokenizer
 from scalevec.train.cli import main
 from scalevec.train.diagnostics import flat_log, scale_statistics
 
-from ._helpers import log_history, logged_losses, run_torchrun, train_argv
+from ._helpers import SUBPROCESS_ENV, corpus_texts, log_history, logged_losses, run_torchrun, train_argv
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STATS = ("mean", "std", "min", "max", "anisotropy")
@@ -106,6 +113,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     module = ["-m", "scalevec.train.cli", *train_argv(ddp, *common, "--per-device-train-batch-size", "2", steps=4)]
     result = run_torchrun(*module)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "unpredictable behaviour" not in result.stderr  # runpy's warning when `-m` finds its module imported
     assert main(train_argv(single, *common, steps=4)) == 0  # 4 blocks per device, one device
     parallel, alone = log_history(ddp), log_history(single)
     tokens = [e["num_input_tokens_seen"] for e in parallel if "loss" in e]
@@ -137,6 +145,10 @@ BAD_INPUTS = {
     "text column": (["--dataset", "{data}/body.jsonl"], "{data}/body.jsonl line 1: no 'text' field (it has"),
     "output dir": ([], "already holds files; pass --resume"),
     "resume without checkpoint": (["--resume", "true"], "--resume: no checkpoint-* folder"),
+    "missing eval dataset": (
+        ["--eval-dataset", "{data}/held.txt", "--eval-every", "0"],
+        "--eval-dataset {data}/held.txt: no such file or folder",
+    ),
 }
 
 
@@ -156,6 +168,87 @@ def test_bad_inputs_fail_before_training(case, bad_data, tmp_path, capsys):
     assert written in ([], ["notes.txt"])  # nothing trained, nothing saved
     if written:
         assert (output / "notes.txt").read_text() == "keep me"
+
+
+MISTAKES = {  # (flags, the one line that names the problem); "{data}": a folder with two jsonl files
+    "negative weight": (
+        ["--dataset", "{data}/a.jsonl,{data}/b.jsonl", "--dataset-weights", "-0.3,1"],
+        "--dataset-weights must all be positive; got -0.3,1",
+    ),
+    "missing value": (
+        ["--max-steps"],
+        "argument --max_steps/--max-steps: expected one argument (--help lists the options)",
+    ),
+    "list for one value": (["{data}/run.yaml"], "{data}/run.yaml: seq_len: expected one value, got a list ([64])"),
+}
+
+
+@pytest.mark.parametrize("case", MISTAKES)
+def test_a_mistake_on_the_command_line_is_one_line_naming_it(case, tmp_path, capsys):
+    """Not argparse's "expected one argument" for a negative value, nor its 140-line usage, nor a traceback."""
+    (tmp_path / "run.yaml").write_text("seq_len: [64]\n")
+    flags, message = MISTAKES[case]
+    flags = [flag.format(data=tmp_path) for flag in flags]
+    argv = flags if case == "list for one value" else train_argv(tmp_path / "out", *flags)
+    assert main(argv) == 1
+    assert capsys.readouterr().err.splitlines() == [f"scalevec-train: error: {message.format(data=tmp_path)}"]
+
+
+def test_a_comma_inside_an_existing_path_does_not_split_it(tmp_path):
+    """`--dataset` splits at commas except inside a path that exists: `my,notes.txt` is one source, and beside
+    another source the weights count two."""
+    commas, plain = tmp_path / "my,notes.txt", tmp_path / "plain.txt"
+    for path in (commas, plain):
+        path.write_text("".join(f"{text}\n" for text in corpus_texts(60)))
+    mixture = DataArguments(dataset=f"{commas},{plain}", dataset_weights="1,3")
+    assert mixture.entries() == [str(commas), str(plain)] and mixture.weights() == [1.0, 3.0]
+    assert DataArguments(dataset=f"{plain},{plain}").entries() == [str(plain)] * 2
+    output, cache = tmp_path / "out", tmp_path / "cache"
+    assert main(train_argv(output, "--dataset", str(commas), "--prepared-cache", str(cache), steps=1)) == 0
+    sources = json.loads((output / "training_data.json").read_text())["sources"]
+    assert [(source["name"], source["documents"]) for source in sources] == [(str(commas), 57)]  # 3 held out
+
+
+@contextlib.contextmanager
+def made_unwritable(folder: Path):
+    """`folder` read-only for this user: a read-only bind mount over it for root (whom permissions do not stop),
+    else its write permission taken away. Skips the test where neither is possible."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield "permission denied"
+        finally:
+            folder.chmod(0o755)
+        return
+    for command in (["mount", "--bind", folder, folder], ["mount", "-o", "remount,bind,ro", folder]):
+        if (result := subprocess.run(command, capture_output=True)).returncode:
+            subprocess.run(["umount", folder], capture_output=True)
+            pytest.skip(f"cannot bind-mount a folder read-only here: {result.stderr.decode().strip()}")
+    try:
+        yield "read-only file system"
+    finally:
+        subprocess.run(["umount", folder], check=True)
+
+
+def test_an_output_folder_made_unwritable_mid_run_is_named_on_a_line_of_its_own(tmp_path):
+    """The next checkpoint fails: the error names it and its cause on a line of its own (after the progress bar,
+    not on its line), not the lock file that the run could not remove afterwards."""
+    output = tmp_path / "out"
+    flags = ["--save-strategy", "steps", "--save-steps", "4", "--eval-every", "0", "--disable-tqdm", "false"]
+    command = [sys.executable, "-m", "scalevec.train.cli", *train_argv(output, *flags, steps=400)]
+    environment = {**os.environ, **SUBPROCESS_ENV}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environment)
+    try:
+        while not (output / "checkpoint-4").exists() and process.poll() is None:
+            time.sleep(0.001)
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        with made_unwritable(output) as cause:
+            _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 1
+    errors = [line for line in err.split("\n") if "scalevec-train" in line]
+    assert len(errors) == 1 and re.fullmatch(rf"scalevec-train: error: {output}/checkpoint-\d+: {cause}", errors[0])
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):

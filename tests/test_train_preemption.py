@@ -17,6 +17,9 @@ from safetensors.torch import load_file
 
 from scalevec import atomic, quickstart
 from scalevec.atomic import remove_folder, rename_noreplace
+from scalevec.convert import OutputOptions, export_checkpoint
+from scalevec.convert.card import card_writer
+from scalevec.run_records import duration_text
 from scalevec.train.cli import main
 from scalevec.train.resume import inspect_checkpoint
 
@@ -189,6 +192,73 @@ def test_a_run_killed_during_a_save_resumes_as_if_never_stopped(straight, tmp_pa
     assert messages(err) == []
     assert_same_run(output, straight)
     assert not staging.exists()
+
+
+def recorded_clock(folder: Path) -> dict:
+    """The run's clock as `folder/trainer_state.json` (a checkpoint's or a finished run's) recorded it."""
+    state = json.loads((folder / "trainer_state.json").read_text())
+    return state["stateful_callbacks"]["ThroughputCallback"]["attributes"]["recorded_clock"]
+
+
+def test_a_run_resumed_twice_reports_the_whole_run(tmp_path, capsys):
+    """An uninterrupted run with a checkpoint every 2 steps; the same run stopped after checkpoint-2, resumed,
+    stopped again after checkpoint-6 and resumed again: the end block, run_summary.json and the model card give the
+    uninterrupted run's steps, tokens and mean loss, and the time of all three segments (each up to its last
+    checkpoint), not the last segment's figures under the whole run's labels."""
+    straight, second, third = tmp_path / "straight", tmp_path / "second", tmp_path / "third"
+    assert main(argv(straight, "--save-steps", "2")) == 0
+    shutil.copytree(straight / "checkpoint-2", second / "checkpoint-2")
+    assert main(argv(second, "--resume", "true", "--save-steps", "2")) == 0
+    shutil.copytree(second / "checkpoint-6", third / "checkpoint-6")
+    capsys.readouterr()
+    assert main(argv(third, "--resume", "true", "--save-steps", "2")) == 0
+    done = capsys.readouterr().out.split("== scalevec-train: done ==")[1]
+    assert_same_run(third, straight)
+    expected, summary = (json.loads((run / "run_summary.json").read_text()) for run in (straight, third))
+    assert (summary["steps"], summary["tokens_seen"]) == (expected["steps"], expected["tokens_seen"]) == (8, 1024)
+    assert expected["mean_train_loss"] == json.loads((straight / "all_results.json").read_text())["train_loss"]
+    assert summary["mean_train_loss"] == pytest.approx(expected["mean_train_loss"], abs=1e-5)
+    assert summary["mean_train_loss_steps"] == 8 and summary["segment_starts"] == [0, 2, 6]
+    runtimes = [json.loads((run / "all_results.json").read_text())["train_runtime"] for run in (second, third)]
+    walls = [recorded_clock(run)["wall_seconds"] for run in (straight / "checkpoint-2", second / "checkpoint-6")]
+    walls.append(summary["wall_seconds"])
+    assert 0 < walls[0] < walls[1] < walls[2]  # each segment adds its time ...
+    assert walls[1] - walls[0] <= runtimes[0] + 1e-3 and walls[2] - walls[1] <= runtimes[1] + 1e-3  # ... and no more
+    assert 0 < summary["training_seconds"] < summary["wall_seconds"]
+    assert summary["tokens_per_second"] == pytest.approx(1024 / summary["training_seconds"], rel=1e-3)
+    wall = f"{duration_text(summary['wall_seconds'])} over 3 segments (resumed at steps 2 and 6)"
+    assert f"trained      8 steps, 1,024 tokens in {wall} on {summary['hardware']} (fp32): " in done
+    assert f"(the last logged; the mean over all 8 steps was {summary['mean_train_loss']:.4f})" in done
+
+    export_checkpoint(third, tmp_path / "export", "llama", OutputOptions(before_commit=card_writer(third)))
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "| optimizer steps | 8 |" in card and "| tokens seen | 1,024 |" in card
+    assert f"| mean training loss | {summary['mean_train_loss']:.4f} (over all 8 steps) |" in card
+    assert f"| training wall time | {wall} on {summary['hardware']} (fp32) |" in card
+    speed = f"{summary['tokens_per_second']:,.0f} tokens/s over {duration_text(summary['training_seconds'])}"
+    assert f"| throughput | {speed} of training |" in card
+
+
+@pytest.mark.parametrize("kind", ["a folder of someone's files", "a file"])
+def test_resume_refuses_a_checkpoint_folder_no_run_wrote(tmp_path, capsys, kind):
+    """`checkpoint-7` holding only the user's data.csv (or a file of that name) is not an incomplete checkpoint to
+    set aside: the folder is refused, named, and left as it was."""
+    output, foreign = tmp_path / "mine", tmp_path / "mine" / "checkpoint-7"
+    if kind == "a file":
+        output.mkdir()
+        foreign.write_text("notes")
+        content = "a file, not a folder"
+    else:
+        foreign.mkdir(parents=True)
+        (foreign / "data.csv").write_text("x,y\n1,2\n")
+        content = "it holds data.csv, and no trainer state, weights or optimizer state"
+    assert main(argv(output, "--resume", "true")) == 1
+    assert messages(capsys.readouterr().err) == [
+        f"scalevec-train: error: --resume: {foreign} is not a checkpoint ({content}): move it out of {output}, or "
+        "choose another --output-dir"
+    ]
+    assert names_in(output) == ["checkpoint-7"]
+    assert names_in(foreign) == ["data.csv"] if kind != "a file" else foreign.read_text() == "notes"
 
 
 def test_a_kill_before_the_first_complete_save_restarts_from_scratch(straight, tmp_path, capsys):

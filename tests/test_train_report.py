@@ -76,7 +76,12 @@ def test_the_end_of_run_block_holds_what_all_results_holds(run):
     assert float(eval_line.group(3)) == round(results["eval_bits_per_byte"], 3)
     last = [entry for entry in log_history(output) if "loss" in entry][-1]
     assert summary["final_train_loss"] == last["loss"] and summary["final_train_loss_step"] == 6
-    assert f"train loss   {last['loss']:.4f} at step 6 (the last logged; the mean over the run was" in done
+    mean = sum(entry["loss"] * 2 for entry in log_history(output) if "loss" in entry) / 6  # each log: 2 steps
+    assert summary["mean_train_loss"] == pytest.approx(mean, rel=1e-12) and summary["mean_train_loss_steps"] == 6
+    assert summary["mean_train_loss"] == pytest.approx(results["train_loss"], rel=1e-6)  # the Trainer's, one segment
+    assert (
+        f"train loss   {last['loss']:.4f} at step 6 (the last logged; the mean over all 6 steps was {mean:.4f}" in done
+    )
     assert summary["tokens_seen"] == 768 and "6 steps, 768 tokens in" in done
     mfu = 100 * summary["tokens_per_second"] * model_flops(output) / PEAK
     assert summary["mfu_percent"] == pytest.approx(mfu, rel=1e-3)

@@ -15,7 +15,17 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..atomic import write_text_atomically
 from ..configuration_scalevec import MINIMUM_TRANSFORMERS, SCALE_FIELDS, SCALE_PRESETS, ScaleVecConfig
-from ..run_records import RUN_PICTURE, RunRecords, duration_text, logged_entries, read_json, read_run_records
+from ..run_records import (
+    RUN_PICTURE,
+    RunRecords,
+    duration_text,
+    logged_entries,
+    loss_coverage,
+    read_json,
+    read_run_records,
+    segments_text,
+    whole_run,
+)
 from .checkpoint import Checkpoint
 from .errors import CheckpointError
 from .heads import CAUSAL_LM, Head, head_of
@@ -231,22 +241,26 @@ def _published_format(folder: Path, export_target: str) -> str:
 
 def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
     state = records.state or {}
-    history = records.log_history
+    run = whole_run(state)  # however often the run was resumed
     rows = []
     if "global_step" in state:
-        rows.append(("optimizer steps", f"{state['global_step']:,}"))
-    if state.get("num_input_tokens_seen"):
-        rows.append(("tokens seen", f"{state['num_input_tokens_seen']:,}"))
-    if losses := logged_entries(history, "loss"):
+        rows.append(("optimizer steps", f"{run.steps:,}"))
+    if run.tokens:
+        rows.append(("tokens seen", f"{run.tokens:,}"))
+    if losses := logged_entries(records.log_history, "loss"):
         rows.append(("final training loss", f"{losses[-1]['loss']:.4f} (logged at step {losses[-1].get('step')})"))
-    if summary := next((entry for entry in reversed(history) if "train_loss" in entry), None):
-        rows.append(("mean training loss over the run", f"{summary['train_loss']:.4f}"))
-        if "train_runtime" in summary:
-            where = records.summary or {}
-            hardware = f" on {where['hardware']} ({where['precision']})" if "hardware" in where else ""
-            rows.append(("training wall time", duration_text(summary["train_runtime"]) + hardware))
-            if where.get("tokens_per_second"):
-                rows.append(("throughput", f"{where['tokens_per_second']:,.0f} tokens/s" + _mfu(where)))
+    if run.mean_loss is not None:
+        covered = loss_coverage(run.mean_loss_steps, run.steps)
+        rows.append(("mean training loss", f"{run.mean_loss:.4f} (over {covered})"))
+    if (clock := run.clock) is not None:
+        where = records.summary or {}
+        hardware = f" on {where['hardware']} ({where['precision']})" if "hardware" in where else ""
+        rows.append(
+            ("training wall time", duration_text(clock.wall_seconds) + segments_text(clock.segment_starts) + hardware)
+        )
+        if run.tokens_per_second:
+            speed = f"{run.tokens_per_second:,.0f} tokens/s over {duration_text(clock.training_seconds)} of training"
+            rows.append(("throughput", speed + _mfu(where)))
     for key, value in records.eval_metrics.items():
         rows.append((key.replace("_", " "), f"{value:.4f}"))
     for key, label in TRAINING_ARGUMENTS.items():

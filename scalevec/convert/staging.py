@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..atomic import describe_os_error, explain_write_failure, fsync_path, fsync_tree, rename_noreplace
+from ..atomic import describe_os_error, explain_write_failure, finish_tree, fsync_path, rename_noreplace
 from . import recovery
 from .errors import TargetError
 
@@ -72,7 +72,7 @@ class StagedFolder:
     def commit(self) -> None:
         """Move the staging folder into place (replacing an old destination if `overwrite`), durably."""
         check_destination(self.destination, self.overwrite)
-        fsync_tree(self.path)
+        finish_tree(self.path)
         if self.overwrite and self.destination.exists():
             os.rename(self.destination, self.backup)
         try:

@@ -29,7 +29,7 @@ from .prepared import (
     prepare,
     tokenizer_fingerprint,
 )
-from .sources import DataError, Source, find_source
+from .sources import DataError, Source, find_source, is_missing_path
 from .streaming import streamed_blocks
 
 DEFAULT_SEQ_LEN = 256
@@ -110,6 +110,9 @@ class DataArguments:
             value = getattr(self, name)
             if value is not None and value < lowest:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least {lowest}; got {value}")
+        for entry in _split_entries(self.eval_dataset, "--eval-dataset") if self.eval_dataset else []:
+            if is_missing_path(entry):  # found here, or the source would be named as a --dataset
+                raise DataError(f"--eval-dataset {entry}: no such file or folder")
         if self.eval_dataset and self.eval_every:
             raise ValueError("--eval-every holds documents out of --dataset; with --eval-dataset it must be 0")
         if self.streaming and self.max_documents is not None:
@@ -136,7 +139,7 @@ class DataArguments:
             weights = [float(weight) for weight in self.dataset_weights.split(",")]
         except ValueError:
             raise ValueError(f"--dataset-weights {self.dataset_weights!r}: not comma-separated numbers") from None
-        count = len(self.dataset.split(",")) if self.dataset else 1
+        count = len(self.entries())
         if len(weights) != count:
             raise ValueError(f"--dataset-weights gives {len(weights)} weights for {count} --dataset entries")
         if not all(weight > 0 for weight in weights):
@@ -163,10 +166,20 @@ class DataArguments:
 
 
 def _split_entries(text: str, flag: str) -> list[str]:
-    entries = [entry.strip() for entry in text.split(",")]
+    """Comma-separated entries, except that a comma inside a path that exists does not separate: the longest run
+    of comma-joined parts that names an existing file or folder is one entry."""
+    parts, entries = text.split(","), []
+    while parts:
+        taken = next((n for n in range(len(parts), 1, -1) if _exists(",".join(parts[:n]))), 1)
+        entries.append(",".join(parts[:taken]).strip())
+        parts = parts[taken:]
     if not all(entries):
         raise ValueError(f"{flag} {text!r}: an empty entry")
     return entries
+
+
+def _exists(entry: str) -> bool:
+    return Path(entry.strip()).expanduser().exists()
 
 
 @dataclass

@@ -10,6 +10,7 @@ import ast
 import hashlib
 import json
 import os
+import shutil
 import sys
 import sysconfig
 import tempfile
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-from ..atomic import write_text_atomically
+from ..atomic import commit_folder, write_text_atomically
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -107,8 +108,9 @@ def default_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE) -> PreTrainedTokeniz
         staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
         tokenizer.save_pretrained(staging)
         try:
-            os.replace(staging, path)
+            commit_folder(staging, path)
         except OSError:  # another process cached it first
+            shutil.rmtree(staging, ignore_errors=True)
             if not (path / "tokenizer.json").exists():
                 raise
     return PreTrainedTokenizerFast.from_pretrained(path)

@@ -72,9 +72,17 @@ def find_source(name: str, text_column: str = "text", hub_config: str | None = N
         if all(os.path.getsize(file) == 0 for file in files):
             raise DataError(f"--dataset {name}: the dataset is empty")
         return Source(name, text_column, files=tuple(files))
-    if name.startswith((".", "/", "~")) or _format_of(path) is not None or not _HUB_ID.match(name):
+    if is_missing_path(name):
         raise DataError(f"--dataset {name}: no such file or folder")
     return Source(name, text_column, hub_config=hub_config, hub_shards=_hub_dataset(name, hub_config).num_shards)
+
+
+def is_missing_path(name: str) -> bool:
+    """True when `name` names a file or folder (not a Hub dataset id) that does not exist."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return False
+    return name.startswith((".", "/", "~")) or _format_of(path) is not None or not _HUB_ID.match(name)
 
 
 def _format_of(path: Path) -> str | None:

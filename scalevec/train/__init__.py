@@ -1,10 +1,11 @@
 """Pretraining ScaleVec models with the transformers Trainer."""
 
 from ..data import DataArguments, build_training_data, default_corpus_file, default_tokenizer
-from .cli import ModelArguments, TrainResult, train
 from .optim import DecayConfig, MuonAdamW, parameter_groups
 from .presets import MODEL_SIZES
 from .trainer import NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
+
+_FROM_CLI = ("ModelArguments", "TrainResult", "train")
 
 __all__ = [
     "MODEL_SIZES",
@@ -22,3 +23,13 @@ __all__ = [
     "parameter_groups",
     "train",
 ]
+
+
+def __getattr__(name: str):
+    # `.cli` loads on first use: imported here, `python -m scalevec.train.cli` (and torchrun's `-m`) would find it
+    # imported before running it as __main__, and runpy warns of "unpredictable behaviour" in every process.
+    if name in _FROM_CLI:
+        from . import cli
+
+        return getattr(cli, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

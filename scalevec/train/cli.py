@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +23,8 @@ from transformers.utils.generic import is_flash_attention_requested
 
 from ..atomic import (
     exit_status,
+    finish_tree,
     fsync_path,
-    fsync_tree,
     removed_if_left_empty,
     write_text_atomically,
     writes_into,
@@ -265,7 +266,7 @@ def _save_result(trainer: ScaleVecTrainer, metrics: dict, data_record: dict, fig
 
 
 def _move_files(source: Path, destination: Path) -> None:
-    fsync_tree(source)
+    finish_tree(source)
     for file in source.iterdir():
         os.replace(file, destination / file.name)
 
@@ -283,14 +284,40 @@ def _picture(output_dir: Path) -> Path | None:
 TRAIN_ARGUMENTS = (ModelArguments, DataArguments, ScaleVecTrainingArguments, LoraArguments)
 
 
+class _Parser(HfArgumentParser):
+    def error(self, message: str):
+        # argparse prints its whole usage (140 lines here) above the one line that matters, and exits
+        raise ValueError(f"{message} (--help lists the options)")
+
+
 def parse_arguments(argv: list[str], types: tuple[type, ...] = TRAIN_ARGUMENTS) -> tuple:
     """The dataclasses `types` from command-line flags, after an optional JSON/YAML file of the same options
-    (each checked against the flags' names and types before anything is built)."""
-    parser = HfArgumentParser(types)
+    (each checked against the flags' names and types before anything is built). A mistake is a `ValueError`."""
+    parser = _Parser(types)
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
         parser.set_defaults(**_options_file(Path(argv[0]), parser))
         argv = argv[1:]
-    return parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    return parser.parse_args_into_dataclasses(_attached_values(argv, parser), look_for_args_file=False)
+
+
+def _attached_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--flag -0.5,1` as `--flag=-0.5,1` where `--flag` takes one value and `-0.5,1` is no flag: argparse takes
+    any word starting with "-" for a flag, except a plain negative number, and would say "expected one argument"
+    instead of what is wrong with the value."""
+    takes_value = {
+        option
+        for action in parser._actions
+        if isinstance(action, argparse._StoreAction) and action.nargs is None
+        for option in action.option_strings
+    }
+    attached, words = [], iter(argv)
+    for word in words:
+        value = next(words, None) if word in takes_value else None
+        if value is not None and value.startswith("-") and value.split("=")[0] not in parser._option_string_actions:
+            attached.append(f"{word}={value}")
+        else:
+            attached += [word] if value is None else [word, value]
+    return attached
 
 
 def _options_file(path: Path, parser: HfArgumentParser) -> dict:
@@ -311,12 +338,23 @@ def _options_file(path: Path, parser: HfArgumentParser) -> dict:
     for action in parser._actions:  # a boolean flag's `--no_*` twin comes second: keep the flag itself
         actions.setdefault(action.dest, action)
     del actions["help"]
+    lists = _list_fields(parser)
     for key, value in values.items():
         if key not in actions:
             close = difflib.get_close_matches(str(key), list(actions), n=1)
             raise ValueError(f"{path}: unknown option {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        if isinstance(value, list) and key not in lists:
+            raise ValueError(f"{path}: {key}: expected one value, got a list ({value!r})")
         values[key] = _typed_value(path, key, value, actions[key])
     return values
+
+
+def _list_fields(parser: HfArgumentParser) -> set[str]:
+    """The options whose field takes a list (`report_to: [tensorboard, wandb]`), whatever their flag's nargs."""
+    hints = {name: hint for kind in parser.dataclass_types for name, hint in typing.get_type_hints(kind).items()}
+    return {
+        name for name, hint in hints.items() if list in {typing.get_origin(t) for t in (hint, *typing.get_args(hint))}
+    }
 
 
 def _typed_value(path: Path, key: str, value, action):

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..data import TrainingData
-from ..run_records import duration_text, logged_entries
+from ..run_records import duration_text, logged_entries, loss_coverage, segments_text, whole_run
 from .throughput import device_peak_flops
 
 
@@ -142,25 +142,33 @@ def _checkpoint_cadence(args) -> str:
 
 
 def summary(trainer, metrics: dict) -> dict:
-    """The end-of-run figures: the last logged training loss, the evaluation, tokens, time, throughput and MFU."""
+    """The end-of-run figures, of the whole run however often it was resumed: steps, tokens, the last logged and
+    the mean training loss, wall time, throughput and MFU over the training time, and the evaluation."""
     args, state = trainer.args, trainer.state
+    run = whole_run(vars(state))
     losses = logged_entries(state.log_history, "loss")
-    throughput = trainer.throughput.run_figures(args)
+    clock = run.clock
     figures = {
         "hardware": hardware(args),
         "precision": _precision(args),
-        "steps": state.global_step,
-        "tokens_seen": state.num_input_tokens_seen,
+        "steps": run.steps,
+        "tokens_seen": run.tokens,
         "final_train_loss": losses[-1]["loss"] if losses else None,
         "final_train_loss_step": losses[-1]["step"] if losses else None,
-        "mean_train_loss": metrics.get("train_loss"),
-        "wall_seconds": metrics.get("train_runtime"),
-        "tokens_per_second": throughput.get("tokens_per_second"),  # while training: evaluations and saves left out
+        "mean_train_loss": run.mean_loss,  # over the logged steps of every segment (`mean_train_loss_steps`)
+        "mean_train_loss_steps": run.mean_loss_steps,
+        "segment_starts": clock.segment_starts if clock else None,  # [0]: never resumed
+        "wall_seconds": clock.wall_seconds if clock else None,  # of all segments (None: not recorded)
+        "training_seconds": clock.training_seconds if clock else None,  # the same less evaluations and saves
+        "tokens_per_second": run.tokens_per_second,  # over the training seconds
         "eval": {key: value for key, value in metrics.items() if key.startswith("eval_")},
         "output_dir": str(args.output_dir),
     }
-    if "mfu_percent" in throughput:
-        figures["mfu_percent"] = throughput["mfu_percent"]
+    if run.tokens_per_second is not None:
+        trainer.throughput.setup(args, trainer.model)
+        throughput = trainer.throughput.figures(args, clock.training_seconds, run.tokens)
+        if "mfu_percent" in throughput:
+            figures["mfu_percent"] = throughput["mfu_percent"]
     return figures
 
 
@@ -187,18 +195,21 @@ def _evaluation_lines(evaluation: dict) -> list[str]:
 def describe_summary(figures: dict, written: list[str]) -> str:
     """The end-of-run block."""
     lines = ["== scalevec-train: done =="]
-    if figures["wall_seconds"] is not None:
+    trained = f"trained      {figures['steps']:,} steps, {figures['tokens_seen']:,} tokens"
+    if figures["wall_seconds"] is None:
+        lines.append(f"{trained}; time unknown (resumed from a checkpoint that did not record it)")
+    else:
         speed = f"{figures['tokens_per_second']:,.0f} tokens/s" if figures["tokens_per_second"] else "speed unknown"
         mfu = f", MFU {figures['mfu_percent']:.1f} %" if "mfu_percent" in figures else ""
         lines.append(
-            f"trained      {figures['steps']:,} steps, {figures['tokens_seen']:,} tokens in "
-            f"{duration_text(figures['wall_seconds'])} on {figures['hardware']} ({figures['precision']}): {speed}{mfu}"
+            f"{trained} in {duration_text(figures['wall_seconds'])}{segments_text(figures['segment_starts'])} on "
+            f"{figures['hardware']} ({figures['precision']}): {speed}{mfu}"
         )
     if figures["final_train_loss"] is not None:
-        mean = f"; the mean over the run was {figures['mean_train_loss']:.4f}" if figures["mean_train_loss"] else ""
+        covered = loss_coverage(figures["mean_train_loss_steps"], figures["steps"])
         lines.append(
-            f"train loss   {figures['final_train_loss']:.4f} at step {figures['final_train_loss_step']} "
-            f"(the last logged{mean})"
+            f"train loss   {figures['final_train_loss']:.4f} at step {figures['final_train_loss_step']} (the last "
+            f"logged; the mean over {covered} was {figures['mean_train_loss']:.4f})"
         )
     lines += _evaluation_lines(figures["eval"])
     lines.append(f"written to   {figures['output_dir']}: {', '.join(written)}")

@@ -3,8 +3,10 @@ folders written before checkpoints were atomic (or by other tools) may be partia
 `trainer_state.json` parses, its weights are readable, and its optimizer and scheduler states are there.
 
 The newest complete checkpoint wins; newer incomplete ones are renamed `incomplete-checkpoint-N` (never deleted)
-so that neither `--resume` nor `save_total_limit` looks at them again."""
+so that neither `--resume` nor `save_total_limit` looks at them again. A `checkpoint-N` that never was a checkpoint
+(a file, or a folder of someone's own files) is not touched: `--resume` refuses the folder, naming it."""
 
+import fnmatch
 import json
 import re
 import shutil
@@ -13,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
-from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 
 from .run_lock import LOCK_NAME
 from .trainer import STAGING_SUFFIX
@@ -23,6 +25,21 @@ from .trainer import STAGING_SUFFIX
 SET_ASIDE_PREFIX = "incomplete-"
 WEIGHTS_ONLY_FLAG = "--resume-weights-only"
 _CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+# What a checkpoint writer puts into `checkpoint-N` (the Trainer, accelerate's FSDP, DeepSpeed, PEFT): a folder
+# holding files but none of these was never a checkpoint.
+_CHECKPOINT_FILES = (
+    TRAINER_STATE_NAME,
+    TRAINING_ARGS_NAME,
+    CONFIG_NAME,
+    "model*.safetensors*",
+    "pytorch_model*.bin*",
+    "adapter_*",
+    "optimizer*",
+    "scheduler*",
+    "rng_state*",
+    "scaler.pt",
+    "global_step*",
+)
 # What an interrupted run leaves besides complete checkpoints: a folder holding only these has nothing to resume.
 _LEFTOVERS = (
     f".{PREFIX_CHECKPOINT_DIR}-*{STAGING_SUFFIX}",
@@ -109,8 +126,12 @@ def _check_torch_file(file: Path) -> None:
 
 
 def checkpoints_newest_first(output_dir: Path) -> list[CheckpointContent]:
+    """Every `checkpoint-N` in `output_dir`, inspected, newest first; one that no checkpoint writer made is refused
+    (it is not ours to set aside, or for `save_total_limit` to delete)."""
     folders = [path for path in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if _CHECKPOINT.match(path.name)]
     folders.sort(key=lambda path: int(_CHECKPOINT.match(path.name).group(1)), reverse=True)
+    for folder in folders:
+        _refuse_if_foreign(folder)
     return [inspect_checkpoint(folder) for folder in folders]
 
 
@@ -149,6 +170,23 @@ def choose_checkpoint(output_dir: Path, weights_only: bool) -> CheckpointContent
     chosen = usable[0]
     _set_aside(checkpoints[: checkpoints.index(chosen)])  # the newer ones
     return chosen
+
+
+def _refuse_if_foreign(path: Path) -> None:
+    """A `checkpoint-N` that is a file, or a folder of files none of which a checkpoint holds, was never one (an
+    empty folder may be what a writer killed at once left)."""
+    if path.is_dir():
+        files = sorted(child.name for child in path.iterdir())
+        if not files or any(fnmatch.fnmatch(name, pattern) for name in files for pattern in _CHECKPOINT_FILES):
+            return
+        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        content = f"it holds {shown}, and no trainer state, weights or optimizer state"
+    else:
+        content = "a file, not a folder"
+    raise ValueError(
+        f"--resume: {path} is not a checkpoint ({content}): move it out of {path.parent}, or choose another "
+        "--output-dir"
+    )
 
 
 def _holds_only_leftovers(output_dir: Path, checkpoints: list[CheckpointContent]) -> bool:

@@ -1,6 +1,7 @@
 """One live run per output folder: a second `scalevec-train` on a folder that a running one holds is refused at
 once, instead of both writing into it."""
 
+import contextlib
 import fcntl
 import os
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ LOCK_NAME = ".scalevec-train.lock"
 def holding_output_dir(output_dir: Path, take: bool = True) -> Iterator[None]:
     """Hold `output_dir` for the block (where `take`: the main process of a multi-process run). An exclusive
     `flock` on a file in the folder, which the kernel drops when the process ends, however it ends: a killed run
-    leaves the file but no lock. A run that ends removes the file while it still holds the lock."""
+    leaves the file but no lock. A run that ends removes the file while it still holds the lock (where it can)."""
     if not take:
         yield
         return
@@ -35,6 +36,8 @@ def holding_output_dir(output_dir: Path, take: bool = True) -> Iterator[None]:
         try:
             yield
         finally:
-            path.unlink(missing_ok=True)
+            # A folder that became unwritable keeps the file: harmless, and the run's own error is the one to tell.
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
     finally:
         os.close(descriptor)
