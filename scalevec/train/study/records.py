@@ -22,7 +22,7 @@ class RunRecord:
     train_loss: float  # last logged training loss (NaN where none was logged)
     eval_loss: float | None
     tokens: int
-    train_seconds: float  # the Trainer's train_runtime
+    train_seconds: float  # the whole run's wall time, over any resumes
     scale_parameters: int
     output_dir: str
 
@@ -46,7 +46,8 @@ def finished_records(grid: Grid, root: Path) -> list[RunRecord]:
 def read_record(grid: Grid, point: GridPoint, root: Path) -> RunRecord:
     folder = point.folder(root)
     records = read_run_records(folder)
-    metrics = read_json(folder / "all_results.json") or {}
+    metrics = read_json(folder / "all_results.json") or {}  # the Trainer's: of the last segment only
+    summary = records.summary or {}  # the whole run's, however often it was resumed
     losses = logged_curve(records.log_history, "loss")
     return RunRecord(
         size=point.size,
@@ -56,8 +57,8 @@ def read_record(grid: Grid, point: GridPoint, root: Path) -> RunRecord:
         non_embedding_parameters=grid.size(point.size).non_embedding_parameters,
         train_loss=losses[-1][1] if losses else math.nan,
         eval_loss=records.eval_metrics.get("eval_loss"),
-        tokens=int(metrics.get("num_input_tokens_seen", 0)),
-        train_seconds=float(metrics.get("train_runtime", 0.0)),
+        tokens=int(summary.get("tokens_seen") or metrics.get("num_input_tokens_seen", 0)),
+        train_seconds=float(summary.get("wall_seconds") or metrics.get("train_runtime", 0.0)),
         scale_parameters=sum(scale_parameters(ScaleVecConfig.from_pretrained(folder)).values()),
         output_dir=str(folder),
     )
