@@ -110,7 +110,7 @@ class DataArguments:
             value = getattr(self, name)
             if value is not None and value < lowest:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least {lowest}; got {value}")
-        for entry in _split_entries(self.eval_dataset, "--eval-dataset") if self.eval_dataset else []:
+        for entry in self.eval_entries():
             if is_missing_path(entry):  # found here, or the source would be named as a --dataset
                 raise DataError(f"--eval-dataset {entry}: no such file or folder")
         if self.eval_dataset and self.eval_every:
