@@ -139,7 +139,7 @@ def bad_data(tmp_path_factory):
 BAD_INPUTS = {
     "missing dataset": (["--dataset", "{data}/nowhere.txt"], "--dataset {data}/nowhere.txt: no such file or folder"),
     "empty dataset": (["--dataset", "{data}/empty.jsonl"], "the dataset is empty"),
-    "unknown size": (["--model-size", "huge"], "--model-size must be one of tiny, tiny-moe"),
+    "unknown size": (["--model-size", "huge"], "--model-size: size 'huge' is neither a preset (tiny, tiny-moe"),
     "unknown preset": (["--scale-preset", "bogus"], "`scale_preset` must be one of 'none', 'standard', 'unified'"),
     "seq len": (["--seq-len", "2048"], "--seq-len 2048 exceeds the model's max_position_embeddings (1024)"),
     "text column": (["--dataset", "{data}/body.jsonl"], "{data}/body.jsonl line 1: no 'text' field (it has"),
@@ -273,3 +273,14 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caps
         "scalevec-train: error: the training loss became nan at step 3; training stopped before the optimizer" in error
     )
     assert "no checkpoint was saved yet" in error and not (unsaved / "model.safetensors").exists()
+
+
+def test_model_size_takes_layers_x_hidden_by_the_study_rule():
+    from scalevec.train.cli import ModelArguments, build_model_config
+
+    config = build_model_config(ModelArguments(model_size="3x96"), default_tokenizer())
+    shape = (config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads)
+    assert shape == (3, 96, 3, 1) and config.intermediate_size == 256  # 8/3 x 96, a multiple of 16
+    assert build_model_config(ModelArguments(model_size="4x128"), default_tokenizer()).to_diff_dict() == (
+        build_model_config(ModelArguments(model_size="tiny"), default_tokenizer()).to_diff_dict()
+    )

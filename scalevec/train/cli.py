@@ -34,7 +34,7 @@ from ..data import DataArguments, PackedBlockCollator, build_training_data, chec
 from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, logged_entries
 from .lora import LoraArguments, with_lora
-from .presets import MODEL_SIZES
+from .presets import MODEL_SIZES, SIZE_RULE, size_fields
 from .report import describe_summary, plan, summary
 from .resume import (
     CheckpointContent,
@@ -49,7 +49,9 @@ from .trainer import STAGING_SUFFIX, NonFiniteLossError, ScaleVecTrainer, ScaleV
 
 @dataclass
 class ModelArguments:
-    model_size: str = field(default="tiny", metadata={"help": f"One of {', '.join(MODEL_SIZES)}."})
+    model_size: str = field(
+        default="tiny", metadata={"help": f"One of {', '.join(MODEL_SIZES)}, or {SIZE_RULE} on top of tiny."}
+    )
     scale_preset: str | None = field(default=None, metadata={"help": "none, standard or unified (default)."})
     norm_scale: str | None = field(default=None, metadata={"help": "Override: none, shared or branch."})
     linear_scale: str | None = field(default=None, metadata={"help": "Override: none, in, out or both."})
@@ -80,10 +82,12 @@ class TrainResult:
 
 
 def build_model_config(args: ModelArguments, tokenizer) -> ScaleVecConfig:
-    if args.model_size not in MODEL_SIZES:
-        raise ValueError(f"--model-size must be one of {', '.join(MODEL_SIZES)}; got {args.model_size!r}")
+    try:
+        size = size_fields(args.model_size)
+    except ValueError as error:
+        raise ValueError(f"--model-size: {error}") from None
     fields = dict(
-        MODEL_SIZES[args.model_size],
+        size,
         vocab_size=len(tokenizer),
         scale_preset=args.scale_preset or "unified",
         output_norm=args.output_norm,
