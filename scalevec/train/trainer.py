@@ -217,6 +217,15 @@ class ScaleVecTrainer(Trainer):
         )
         return self._stream_loader
 
+    def _get_train_sampler(self, train_dataset=None):
+        """A seeded permutation of the blocks computed on the fly (`ShuffledBlockSampler`), in place of the stock
+        sampler's stored one."""
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if self.args.train_sampling_strategy != "random" or dataset is None or not has_length(dataset):
+            return super()._get_train_sampler(train_dataset)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return ShuffledBlockSampler(len(dataset), seed, self._train_batch_size * self.args.world_size)
+
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
@@ -237,6 +246,19 @@ class ScaleVecTrainer(Trainer):
         state = self._resumed_from / DATA_STATE.format(rank=self.args.process_index)
         dataloader.load_state_dict(json.loads(state.read_text()))
         return dataloader
+
+    def _resumed_block_dataloader(self, dataloader, num_batches: int):
+        """The training order from the position after `num_batches` batches of each process, computed directly
+        instead of drawing and dropping every index before it."""
+        batches = getattr(dataloader, "batch_sampler", None)
+        batches = getattr(batches, "batch_sampler", batches)  # accelerate's shard of the batches, over processes
+        sampler = getattr(batches, "sampler", None)
+        if not isinstance(sampler, ShuffledBlockSampler) or not sampler.whole_batches:
+            return super().get_resumed_dataloader(dataloader, num_batches)
+        resumed = sampler.resumed(num_batches * sampler.global_batch)
+        return self._get_dataloader(
+            self.train_dataset, "Training", self._train_batch_size, sampler_fn=lambda _: resumed, is_training=True
+        )
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Loss, perplexity, bits per byte and evaluated tokens on the held-out blocks (each set of a dict named in
@@ -273,19 +295,6 @@ class ScaleVecTrainer(Trainer):
         self._memory_tracker.stop_and_update_metrics(metrics)
         return metrics
 
-    def _resumed_block_dataloader(self, dataloader, num_batches: int):
-        """The training order from the position after `num_batches` batches of each process, computed directly
-        instead of drawing and dropping every index before it."""
-        batches = getattr(dataloader, "batch_sampler", None)
-        batches = getattr(batches, "batch_sampler", batches)  # accelerate's shard of the batches, over processes
-        sampler = getattr(batches, "sampler", None)
-        if not isinstance(sampler, ShuffledBlockSampler) or not sampler.whole_batches:
-            return super().get_resumed_dataloader(dataloader, num_batches)
-        resumed = sampler.resumed(num_batches * sampler.global_batch)
-        return self._get_dataloader(
-            self.train_dataset, "Training", self._train_batch_size, sampler_fn=lambda _: resumed, is_training=True
-        )
-
     def _held_out_sets(self, eval_dataset) -> dict | None:
         """The sets to evaluate, by name (a single set under the name None), or None if one has no length."""
         if isinstance(eval_dataset, str):
@@ -317,15 +326,6 @@ class ScaleVecTrainer(Trainer):
             if model is not self.model:
                 self.model_wrapped = model
         return model
-
-    def _get_train_sampler(self, train_dataset=None):
-        """A seeded permutation of the blocks computed on the fly (`ShuffledBlockSampler`), in place of the stock
-        sampler's stored one."""
-        dataset = self.train_dataset if train_dataset is None else train_dataset
-        if self.args.train_sampling_strategy != "random" or dataset is None or not has_length(dataset):
-            return super()._get_train_sampler(train_dataset)
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        return ShuffledBlockSampler(len(dataset), seed, self._train_batch_size * self.args.world_size)
 
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
         if self.optimizer is not None:
