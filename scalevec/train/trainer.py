@@ -73,6 +73,13 @@ class ScaleVecTrainingArguments(TrainingArguments):
         metadata={"help": "Peak FLOP/s of one device, for MFU. Default: known GPUs by name (none on CPU)."},
     )
     include_num_input_tokens_seen: bool = field(default=True, metadata={"help": "Count the tokens seen."})
+    dataloader_num_workers: int = field(
+        default=2,
+        metadata={
+            "help": "Processes that read and collate batches ahead of the step, so that it never waits on the disk "
+            "(transformers' default: 0, reading in the training process). A streamed run's order depends on it."
+        },
+    )
     dataloader_pin_memory: bool = field(
         default_factory=torch.cuda.is_available, metadata={"help": "Pin memory for data loaders (GPU only)."}
     )
@@ -184,7 +191,7 @@ class ScaleVecTrainer(Trainer):
             return super().get_train_dataloader()
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        workers = self.args.dataloader_num_workers
+        workers = min(self.args.dataloader_num_workers, self.train_dataset.num_shards)  # a worker reads whole shards
         self._stream_loader = StatefulDataLoader(
             self.train_dataset,
             batch_size=self._train_batch_size,
