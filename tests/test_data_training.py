@@ -161,6 +161,31 @@ def test_two_ranks_stream_and_tokenise_their_own_shares_of_17_files(tmp_path):
     assert len(set(rows)) == len(rows) == 24 and set(rows) <= {tuple(row["input_ids"]) for row in everything}
 
 
+WAITING_RANKS = """
+import sys, time
+from scalevec.train import ScaleVecTrainingArguments
+
+args = ScaleVecTrainingArguments(output_dir=sys.argv[1], ddp_timeout=2, report_to="none")
+start = time.monotonic()
+try:
+    with args.main_process_first(desc="dataset"):  # as scalevec-train builds its data: rank 0 first
+        if args.process_index == 0:
+            time.sleep(8)  # preparing
+    outcome = "waited"
+except RuntimeError:
+    outcome = "gave up"
+print(f"rank {args.process_index} {outcome} after {time.monotonic() - start:.0f} s", flush=True)
+"""
+
+
+def test_ranks_waiting_for_rank_0_give_up_after_the_ddp_timeout_on_gloo(tmp_path):
+    script = tmp_path / "waiting.py"
+    script.write_text(WAITING_RANKS)
+    result = run_torchrun(str(script), str(tmp_path / "run"), nproc=2)
+    waited = [line for line in result.stdout.splitlines() if line.startswith("rank 1 ")]
+    assert waited and waited[0].startswith("rank 1 gave up after ") and int(waited[0].split()[-2]) < 6, result.stdout
+
+
 # --- what the training command refuses ---------------------------------------------------------------------
 
 

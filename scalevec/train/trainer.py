@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import datasets
@@ -90,6 +91,11 @@ class ScaleVecTrainingArguments(TrainingArguments):
         # each process would train alone, all writing the same folder. Use gloo on the CPUs instead.
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available():
             self.use_cpu = True
+            # transformers gives --ddp-timeout to the process group on accelerators only: gloo would wait for its
+            # own 30 minutes, whatever --ddp-timeout says (the time a rank waits for rank 0 to prepare data, say).
+            if not torch.distributed.is_initialized():
+                timeout = timedelta(seconds=self.ddp_timeout)
+                torch.distributed.init_process_group(self.ddp_backend or "gloo", timeout=timeout)
         # `muon` is ours, not one of transformers' OptimizerNames: validate the rest as usual, then put it back.
         muon = self.optim == "muon"
         if muon:
