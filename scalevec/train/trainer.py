@@ -4,6 +4,7 @@ non-finite loss, atomic checkpoints, and streamed data that resumes from its sav
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -192,11 +193,13 @@ class ScaleVecTrainer(Trainer):
 
     def get_train_dataloader(self):
         """A streamed dataset is already this rank's share: it gets a `StatefulDataLoader` of its own (no
-        accelerate dispatch from rank 0), whose position every checkpoint saves."""
+        accelerate dispatch from rank 0), whose position every checkpoint saves, and whose workers tokenise."""
         if not isinstance(self.train_dataset, datasets.IterableDataset):
             return super().get_train_dataloader()
         from torchdata.stateful_dataloader import StatefulDataLoader
 
+        # torchdata's worker loop calls a deprecated torch function, which warns once per run: not the user's concern
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
         workers = min(self.args.dataloader_num_workers, self.train_dataset.num_shards)  # a worker reads whole shards
         self._stream_loader = StatefulDataLoader(
             self.train_dataset,
