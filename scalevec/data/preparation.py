@@ -50,7 +50,7 @@ from .resumable import staged
 from .sources import DataError, Shard, Source, read_documents
 from .tokenization import DocumentEncoder, encode_in_order, token_dtype
 
-CHECKPOINT_SECONDS = 5.0  # at most this much work (and one chunk) is done again after a kill
+CHECKPOINT_SECONDS = 2.0  # at most this much work (and one chunk) is done again after a kill
 _CHUNK_DOCUMENTS = 512  # documents per encoding task
 _FLUSH_TOKENS = 1 << 22  # tokens gathered before whole blocks are written out
 _NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
@@ -210,8 +210,8 @@ class _Preparation:
         return info
 
     def train(self, files: list[Shard], held_out: set[int], keep_tail: bool) -> SplitInfo:
-        saved = self.record.get("train")
-        if saved and (self.folder / "train.bin").stat().st_size < saved["bytes"]:
+        saved, path = self.record.get("train"), self.folder / "train.bin"
+        if saved and (not path.is_file() or path.stat().st_size < saved["bytes"]):
             saved = None  # not what was saved: start the split again
         writer = self.writer("train.bin", saved)
         start = tuple(saved["position"]) if saved else (0, 0, 0)

@@ -74,7 +74,10 @@ class PreparedMetadata:
     shard: list[int] | None = None  # [index, count] of a part of a preparation split across machines
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2) + "\n"
+        values = asdict(self)
+        if values["shard"] is None:  # as earlier versions wrote it, so that they read it
+            del values["shard"]
+        return json.dumps(values, indent=2) + "\n"
 
     @classmethod
     def read(cls, folder: Path) -> "PreparedMetadata":
