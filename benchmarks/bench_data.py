@@ -392,32 +392,46 @@ def folder_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
+def prepare_command(corpus: Path, output: Path, seq_len: int) -> list[str]:
+    arguments = ["prepare", str(corpus), "--output", str(output), "--seq-len", str(seq_len), "--quiet"]
+    return [sys.executable, "-m", "scalevec.data.cli", *arguments]
+
+
+def saved_share(staging: Path, tokens: int) -> float:
+    """The share of `tokens` that the progress saved in `staging` says are written."""
+    try:
+        progress = json.loads((staging / "progress.json").read_text())
+    except (OSError, ValueError):
+        return 0.0
+    return progress["train"]["info"]["tokens"] / tokens if "train" in progress else 0.0
+
+
 def kill_and_resume(corpus: Path, workdir: Path, seq_len: int, repetitions: int) -> list[dict]:
-    """A preparation killed (SIGKILL) when half of an uninterrupted one's time has passed, then run again: the
-    second run's time against the uninterrupted one's, the documents saved at the kill, and whether the folder is
-    the uninterrupted one, byte for byte."""
-    documents = sum(1 for path in corpus.glob("*.jsonl") for _ in path.open())
+    """A preparation killed (SIGKILL) once its saved progress has passed half of the training tokens, half a save
+    interval later (the work lost to a kill at a random moment, on average), then run again: the second run's time
+    against an uninterrupted one's, the share of the tokens saved at the kill, and whether the folder is the
+    uninterrupted one, byte for byte."""
+    from scalevec.data.preparation import CHECKPOINT_SECONDS
+
     rows = []
     for round in range(repetitions):
         full, killed = workdir / f"kill-full-{round}", workdir / f"kill-{round}"
-        for folder in (full, killed, killed.with_name(f".{killed.name}.staging")):
+        staging = killed.with_name(f".{killed.name}.staging")
+        for folder in (full, killed, staging):
             shutil.rmtree(folder, ignore_errors=True)
-
-        def command(output: Path) -> list[str]:
-            arguments = ["prepare", str(corpus), "--output", str(output), "--seq-len", str(seq_len), "--quiet"]
-            return [sys.executable, "-m", "scalevec.data.cli", *arguments]
-
-        whole = timed(command(full))["seconds"]
-        environment = {**os.environ, "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1"}
-        process = subprocess.Popen(command(killed), env=environment, cwd=tempfile.gettempdir())
-        time.sleep(whole / 2)
+        whole = timed(prepare_command(corpus, full, seq_len))["seconds"]
+        tokens = json.loads((full / "scalevec_data.json").read_text())["splits"]["train"]["tokens"]
+        environment, command = {**os.environ, "OMP_NUM_THREADS": "2"}, prepare_command(corpus, killed, seq_len)
+        process = subprocess.Popen(command, env=environment, cwd=tempfile.gettempdir())
+        while saved_share(staging, tokens) < 0.5:
+            time.sleep(0.05)
+        time.sleep(CHECKPOINT_SECONDS / 2)
         process.kill()
         process.wait()
-        progress = json.loads((killed.with_name(f".{killed.name}.staging") / "progress.json").read_text())
-        saved = progress["train"]["position"][2] / documents if "train" in progress else 0.0
-        again = timed(command(killed))["seconds"]
+        saved = saved_share(staging, tokens)
+        again = timed(prepare_command(corpus, killed, seq_len))["seconds"]
         equal = folder_digest(killed) == folder_digest(full)
-        rows.append({"full_seconds": whole, "saved_fraction": saved, "rerun_seconds": again, "equal": equal})
+        rows.append({"full_seconds": whole, "saved_share": saved, "rerun_seconds": again, "equal": equal})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -48,10 +48,10 @@ from .prepared import (
 )
 from .resumable import staged
 from .sources import DataError, Shard, Source, read_documents
-from .tokenization import DocumentEncoder, encode_in_order, token_dtype
+from .tokenization import CHARS_PER_CALL, DocumentEncoder, encode_in_order, token_dtype
 
 CHECKPOINT_SECONDS = 2.0  # at most this much work (and one chunk) is done again after a kill
-_CHUNK_DOCUMENTS = 512  # documents per encoding task
+_CHUNK_DOCUMENTS = 512  # at most this many documents per encoding task
 _FLUSH_TOKENS = 1 << 22  # tokens gathered before whole blocks are written out
 _NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 
@@ -248,9 +248,13 @@ def _write(documents: Iterator[tuple], held_out: set[int], writer: _BlockWriter,
     after each chunk of documents written."""
     counted: deque[_Counts] = deque()  # the counts of the chunks given to the encoder, in order
 
-    def chunks() -> Iterator[list[str]]:
-        texts, counts = [], _Counts()
+    def chunks() -> Iterator[list[str]]:  # one call of the tokenizer each, where the documents are not longer
+        texts, counts, chars = [], _Counts(), 0
         for position, text in documents:
+            if texts and (len(texts) == _CHUNK_DOCUMENTS or chars + len(text) > CHARS_PER_CALL):
+                counted.append(counts)
+                yield texts
+                texts, counts, chars = [], _Counts(), 0
             counts.position = position
             if not text:
                 counts.empty_documents += 1
@@ -258,10 +262,7 @@ def _write(documents: Iterator[tuple], held_out: set[int], writer: _BlockWriter,
                 counts.documents += 1
                 counts.bytes += len(text.encode("utf-8"))
                 texts.append(text)
-                if len(texts) == _CHUNK_DOCUMENTS:
-                    counted.append(counts)
-                    yield texts
-                    texts, counts = [], _Counts()
+                chars += len(text)
         counted.append(counts)
         yield texts
 
