@@ -24,7 +24,7 @@ from scalevec.data import (
 from scalevec.data.cli import main as data_main
 from scalevec.data.tokenization import DocumentEncoder
 
-from ._helpers import SUBPROCESS_ENV, corpus_texts, write_dataset
+from ._helpers import SUBPROCESS_ENV, corpus_texts, write_parts
 
 OPTIONS = ["--seq-len", "32", "--eval-every", "10", "--max-eval-documents", "40", "--quiet"]
 
@@ -54,14 +54,9 @@ sys.exit(main(sys.argv[1:]))
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """Seven jsonl files of unequal sizes (2,400 documents), a few empty."""
-    folder = tmp_path_factory.mktemp("corpus")
     texts = corpus_texts(2400, seed=2)
     texts[100] = texts[1700] = ""
-    start = 0
-    for index, count in enumerate((500, 150, 600, 250, 300, 350, 250)):
-        write_dataset(folder / f"part-{index}", "jsonl", texts[start : start + count])
-        start += count
-    return folder
+    return write_parts(tmp_path_factory.mktemp("corpus"), texts, [500, 150, 600, 250, 300, 350, 250])
 
 
 def tree(folder) -> dict[str, bytes]:

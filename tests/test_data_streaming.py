@@ -20,7 +20,7 @@ from scalevec.data import sources as sources_module
 from scalevec.data.streaming import seeded_shards, streamed_blocks
 from scalevec.data.tokenization import DocumentEncoder
 
-from ._helpers import corpus_texts, packed, write_dataset
+from ._helpers import corpus_texts, packed, write_dataset, write_parts
 
 SEQ_LEN, WINDOW = 16, 7
 
@@ -33,14 +33,9 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def shards_folder(tmp_path_factory):
     """Four jsonl files of distinct documents (25, 30, 35, 40), a few empty."""
-    folder = tmp_path_factory.mktemp("shards")
     texts = corpus_texts(130, seed=3)
     texts[5] = texts[77] = ""
-    start = 0
-    for index, count in enumerate((25, 30, 35, 40)):
-        write_dataset(folder / f"part-{index}", "jsonl", texts[start : start + count])
-        start += count
-    return folder
+    return write_parts(tmp_path_factory.mktemp("shards"), texts, [25, 30, 35, 40])
 
 
 def file_windows(source, tokenizer) -> dict[str, list[list[int]]]:
@@ -81,11 +76,7 @@ def test_a_stream_packs_each_window_of_each_file_in_a_seeded_order(shards_folder
 @pytest.fixture(scope="module")
 def seventeen_files(tmp_path_factory):
     """17 jsonl files of 12 distinct documents each."""
-    folder = tmp_path_factory.mktemp("seventeen")
-    texts = corpus_texts(17 * 12, seed=5)
-    for index in range(17):
-        write_dataset(folder / f"part-{index:02d}", "jsonl", texts[index * 12 : (index + 1) * 12])
-    return folder
+    return write_parts(tmp_path_factory.mktemp("seventeen"), corpus_texts(17 * 12, seed=5), [12] * 17)
 
 
 def tokenised_stream(source, tokenizer, monkeypatch, rank: int = 0, world_size: int = 1):

@@ -19,7 +19,16 @@ from scalevec.data import default_tokenizer, find_source
 from scalevec.data.streaming import streamed_blocks
 from scalevec.train.cli import main
 
-from ._helpers import SUBPROCESS_ENV, corpus_texts, log_history, logged_losses, run_torchrun, train_argv, write_dataset
+from ._helpers import (
+    SUBPROCESS_ENV,
+    corpus_texts,
+    log_history,
+    logged_losses,
+    run_torchrun,
+    train_argv,
+    write_dataset,
+    write_parts,
+)
 
 STEPS = 12
 
@@ -144,9 +153,7 @@ def test_two_ranks_take_one_global_batch_between_them_on_the_prepared_path(tmp_p
 
 
 def test_two_ranks_stream_and_tokenise_their_own_shares_of_17_files(tmp_path):
-    texts = corpus_texts(17 * 30, seed=13)
-    for index in range(17):
-        write_dataset(tmp_path / "data" / f"part-{index:02d}", "jsonl", texts[index * 30 : (index + 1) * 30])
+    write_parts(tmp_path / "data", corpus_texts(17 * 30, seed=13), [30] * 17)
     flags = ["--dataset", str(tmp_path / "data"), "--streaming", "true", "--stream-window", "20"]
     flags += ["--eval-every", "0", "--scale-stats", "false", "--per-device-train-batch-size", "2"]
     ranks = recorded_run(tmp_path, "two", 2, *flags, "--dataloader-num-workers", "0", max_documents=None)
