@@ -270,6 +270,15 @@ def write_dataset(folder: Path, kind: str, texts: list[str], column: str = "text
     return path
 
 
+def write_parts(folder: Path, texts: list[str], counts: list[int]) -> Path:
+    """`texts` in consecutive jsonl files of `counts` documents each (`part-00`, `part-01`, ...), in `folder`."""
+    start = 0
+    for index, count in enumerate(counts):
+        write_dataset(folder / f"part-{index:02d}", "jsonl", texts[start : start + count])
+        start += count
+    return folder
+
+
 def packed(tokenizer, texts: list[str], seq_len: int) -> list[list[int]]:
     """The blocks that packing `texts` gives: the non-empty ones, each followed by EOS, cut into whole blocks."""
     ids = tokenizer([text for text in texts if text], add_special_tokens=False)["input_ids"]

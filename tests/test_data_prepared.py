@@ -219,7 +219,8 @@ def test_a_mixture_draws_by_its_weights_deterministically(tokenizer, tmp_path):
     args.prepared_cache = str(tmp_path / "cache")
     data = build_training_data(args, tokenizer, seed=0, progress=False)
     assert [source["share"] for source in data.record["sources"]] == pytest.approx([0.7, 0.3], abs=1e-3)
-    assert data.record["sources"][1]["passes"] > 1 > data.record["sources"][0]["passes"]  # beta repeats
+    blocks = [source["blocks"] for source in data.record["sources"]]
+    assert data.train.places[1] > blocks[1] and data.train.places[0] < blocks[0]  # beta repeats, alpha is thinned
     alpha_ids = set(tokenizer("alpha", add_special_tokens=False)["input_ids"])
 
     def sources_drawn(seed: int) -> list[str]:

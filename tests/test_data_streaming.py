@@ -18,8 +18,9 @@ from scalevec.data import (
 )
 from scalevec.data import sources as sources_module
 from scalevec.data.streaming import seeded_shards, streamed_blocks
+from scalevec.data.tokenization import DocumentEncoder
 
-from ._helpers import corpus_texts, packed, write_dataset
+from ._helpers import corpus_texts, packed, write_dataset, write_parts
 
 SEQ_LEN, WINDOW = 16, 7
 
@@ -32,14 +33,9 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def shards_folder(tmp_path_factory):
     """Four jsonl files of distinct documents (25, 30, 35, 40), a few empty."""
-    folder = tmp_path_factory.mktemp("shards")
     texts = corpus_texts(130, seed=3)
     texts[5] = texts[77] = ""
-    start = 0
-    for index, count in enumerate((25, 30, 35, 40)):
-        write_dataset(folder / f"part-{index}", "jsonl", texts[start : start + count])
-        start += count
-    return folder
+    return write_parts(tmp_path_factory.mktemp("shards"), texts, [25, 30, 35, 40])
 
 
 def file_windows(source, tokenizer) -> dict[str, list[list[int]]]:
@@ -77,30 +73,52 @@ def test_a_stream_packs_each_window_of_each_file_in_a_seeded_order(shards_folder
     assert list(stream_of(source, tokenizer, seed=1)) != first
 
 
-@pytest.mark.parametrize("files", [4, 3], ids=["4 files on 2 ranks", "3 files on 2 ranks"])
-def test_two_ranks_read_disjoint_data_whose_union_is_one_process(files, shards_folder, tokenizer, monkeypatch):
-    whole = find_source(str(shards_folder))
-    source = type(whole)(whole.name, whole.text_column, files=whole.files[:files])
-    opened: dict[int, set[str]] = {}
-    passes = {}
-    for rank in (0, 1):
-        opened[rank] = set()
-        read = sources_module.read_documents
+@pytest.fixture(scope="module")
+def seventeen_files(tmp_path_factory):
+    """17 jsonl files of 12 distinct documents each."""
+    return write_parts(tmp_path_factory.mktemp("seventeen"), corpus_texts(17 * 12, seed=5), [12] * 17)
 
-        def recording(shard, read=read, seen=opened[rank]):
-            seen.add(str(shard))
-            return read(shard)
 
-        monkeypatch.setattr("scalevec.data.streaming.read_documents", recording)
-        passes[rank] = list(stream_of(source, tokenizer, rank, world_size=2))
+def tokenised_stream(source, tokenizer, monkeypatch, rank: int = 0, world_size: int = 1):
+    """One pass of this rank's stream, the tokens its encoder produced, and the files it opened."""
+    counts = {"tokens": 0, "files": set()}
+    encode, read = DocumentEncoder.__call__, sources_module.read_documents
+
+    def counting_encode(self, texts):
+        ids = encode(self, texts)
+        counts["tokens"] += sum(len(document) for document in ids)
+        return ids
+
+    def recording_read(shard):
+        counts["files"].add(str(shard))
+        return read(shard)
+
+    monkeypatch.setattr(DocumentEncoder, "__call__", counting_encode)
+    monkeypatch.setattr("scalevec.data.streaming.read_documents", recording_read)
+    blocks = list(stream_of(source, tokenizer, rank, world_size))
     monkeypatch.undo()
-    assert passes[0] and passes[1]
-    assert not Counter(map(tuple, passes[0])) & Counter(map(tuple, passes[1]))  # disjoint
-    assert sorted(passes[0] + passes[1]) == sorted(stream_of(source, tokenizer))  # together: one process's data
+    return blocks, counts["tokens"], counts["files"]
+
+
+@pytest.mark.parametrize("files", [4, 3, 17], ids=["4 files on 2 ranks", "3 files on 2 ranks", "17 files on 2 ranks"])
+def test_two_ranks_tokenise_disjoint_shares_whose_union_is_one_process(
+    files, shards_folder, seventeen_files, tokenizer, monkeypatch
+):
+    whole = find_source(str(seventeen_files if files == 17 else shards_folder))
+    source = type(whole)(whole.name, whole.text_column, files=whole.files[:files])
+    one, one_tokens, _ = tokenised_stream(source, tokenizer, monkeypatch)
+    ranks = [tokenised_stream(source, tokenizer, monkeypatch, rank, world_size=2) for rank in (0, 1)]
+    (first, first_tokens, first_files), (second, second_tokens, second_files) = ranks
+    assert first and second
+    assert not Counter(map(tuple, first)) & Counter(map(tuple, second))  # disjoint
+    assert sorted(first + second) == sorted(one)  # together: one process's data
+    assert first_tokens + second_tokens == one_tokens  # ... tokenised once between them
+    if files == 17:  # the goal of issue 38 (each rank's share of the tokenising, not every window on each rank)
+        assert max(first_tokens, second_tokens) <= 0.55 * one_tokens
     if files == 4:  # each rank reads only its own files
-        assert not opened[0] & opened[1] and len(opened[0] | opened[1]) == 4
-    else:  # each rank reads every file and packs every other window
-        assert opened[0] == opened[1] == set(source.files)
+        assert not first_files & second_files and len(first_files | second_files) == 4
+    else:  # a file per rank while both get one, then every other window of the files left over
+        assert len(first_files & second_files) == files % 2 and len(first_files | second_files) == files
 
 
 def test_held_out_documents_never_stream(shards_folder, tokenizer, tmp_path, monkeypatch):

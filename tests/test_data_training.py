@@ -1,6 +1,7 @@
 """The data paths under `scalevec-train`, as real processes: a run killed and resumed gives the uninterrupted run's
-losses on the streamed path and on a prepared mixture; two gloo ranks read what one process reads, split between
-them; and the training command refuses impossible input before it builds anything, naming it."""
+losses on the streamed path and on a prepared mixture (whose card counts the passes the run made); two gloo ranks
+read what one process reads, split between them (a stream before it is tokenised); and the training command refuses
+impossible input before it builds anything, naming it."""
 
 import json
 import os
@@ -18,7 +19,16 @@ from scalevec.data import default_tokenizer, find_source
 from scalevec.data.streaming import streamed_blocks
 from scalevec.train.cli import main
 
-from ._helpers import SUBPROCESS_ENV, corpus_texts, log_history, logged_losses, run_torchrun, train_argv, write_dataset
+from ._helpers import (
+    SUBPROCESS_ENV,
+    corpus_texts,
+    log_history,
+    logged_losses,
+    run_torchrun,
+    train_argv,
+    write_dataset,
+    write_parts,
+)
 
 STEPS = 12
 
@@ -77,35 +87,45 @@ def test_a_killed_run_resumes_with_the_uninterrupted_losses(path, sources, tmp_p
         export_checkpoint(straight, tmp_path / "export", "llama", OutputOptions(before_commit=card_writer(straight)))
         card = (tmp_path / "export" / "README.md").read_text()
         main_row = next(line for line in card.splitlines() if line.startswith(f"| `{sources['main']}` |"))
-        assert main_row.endswith(f"| {record['sources'][0]['tokens']:,} | 60.0 % (0.86 passes over it) |")
+        seen = STEPS * 4 * 32  # steps x batch x --seq-len, 60 % of them from `main`
+        passes = record["sources"][0]["share"] * seen / record["sources"][0]["tokens"]
+        assert 0.01 < passes < 1 and main_row.endswith(
+            f"| {record['sources'][0]['tokens']:,} | 60.0 % ({passes:.3g} passes over it) |"
+        )
         assert "blocks of 32 tokens, tokenizer the embedded byte-level BPE (4,096 tokens)" in card
 
 
 RECORDING_RUN = """
 import json, os, sys
-from scalevec.data import PackedBlockCollator
+from scalevec.data.streaming import WindowPacker
+from scalevec.train import ScaleVecTrainer
 from scalevec.train.cli import main
 
-batches = []
-collate = PackedBlockCollator.__call__
+record = {"batches": [], "packed": []}
+step, pack = ScaleVecTrainer.training_step, WindowPacker.__call__
 
 
-def recording(self, blocks):
-    batch = collate(self, blocks)
-    batches.append(batch["input_ids"].tolist())
-    return batch
+def recording_step(self, model, inputs, num_items_in_batch=None):
+    record["batches"].append(inputs["input_ids"].tolist())
+    return step(self, model, inputs, num_items_in_batch)
 
 
-PackedBlockCollator.__call__ = recording
+def recording_pack(self, batch):
+    record["packed"] += batch["texts"][0]
+    return pack(self, batch)
+
+
+ScaleVecTrainer.training_step, WindowPacker.__call__ = recording_step, recording_pack
 code = main(sys.argv[2:])
-with open(os.path.join(sys.argv[1], f"batches-rank{os.environ.get('RANK', '0')}.json"), "w") as file:
-    json.dump(batches, file)
+with open(os.path.join(sys.argv[1], f"record-rank{os.environ.get('RANK', '0')}.json"), "w") as file:
+    json.dump(record, file)
 sys.exit(code)
 """
 
 
 def recorded_run(tmp_path: Path, name: str, nproc: int, *flags: str, max_documents: int | None = 300) -> list:
-    """The training batches each rank collated, from a real run (under torchrun for several processes)."""
+    """Each rank's training batches and the documents it packed (streaming in the training process), from a real
+    run (under torchrun for several processes)."""
     script = tmp_path / "recording_run.py"
     script.write_text(RECORDING_RUN)
     records = tmp_path / name
@@ -118,33 +138,59 @@ def recorded_run(tmp_path: Path, name: str, nproc: int, *flags: str, max_documen
     else:
         result = run_torchrun(str(script), *arguments, nproc=nproc)
     assert result.returncode == 0, result.stderr[-3000:]
-    return [json.loads((records / f"batches-rank{rank}.json").read_text()) for rank in range(nproc)]
+    return [json.loads((records / f"record-rank{rank}.json").read_text()) for rank in range(nproc)]
 
 
 def test_two_ranks_take_one_global_batch_between_them_on_the_prepared_path(tmp_path):
-    flags = ["--eval-every", "0", "--scale-stats", "false"]
-    one = recorded_run(tmp_path, "one", 1, *flags, "--per-device-train-batch-size", "4")
+    flags = ["--eval-every", "0", "--scale-stats", "false"]  # read by two worker processes each (the default)
+    (one,) = recorded_run(tmp_path, "one", 1, *flags, "--per-device-train-batch-size", "4")
     two = recorded_run(tmp_path, "two", 2, *flags, "--per-device-train-batch-size", "2")
-    assert min(len(one[0]), len(two[0]), len(two[1])) >= 6  # (accelerate fetches one batch ahead)
+    assert len(one["batches"]) == len(two[0]["batches"]) == len(two[1]["batches"]) == 6
     for step in range(6):  # rank 0's rows, then rank 1's, are the one process's batch of the same step
-        assert two[0][step] + two[1][step] == one[0][step]
+        assert two[0]["batches"][step] + two[1]["batches"][step] == one["batches"][step]
     losses = {name: logged_losses(tmp_path / name / "run") for name in ("one", "two")}
     assert losses["two"] == pytest.approx(losses["one"], abs=1e-5)
 
 
-def test_two_ranks_stream_their_own_files(sources, tmp_path):
-    flags = [*PATHS["streamed"](sources), "--eval-every", "0", "--prepared-cache", str(sources["cache"])]
-    flags += ["--scale-stats", "false", "--per-device-train-batch-size", "2"]
-    ranks = recorded_run(tmp_path, "two", 2, *flags, max_documents=None)
-    tokenizer = default_tokenizer()
-    source = find_source(str(sources["main"]))
-    for rank, batches in enumerate(ranks):  # exactly this rank's share of the stream, in order
-        blocks = [row for batch in batches for row in batch]
+def test_two_ranks_stream_and_tokenise_their_own_shares_of_17_files(tmp_path):
+    write_parts(tmp_path / "data", corpus_texts(17 * 30, seed=13), [30] * 17)
+    flags = ["--dataset", str(tmp_path / "data"), "--streaming", "true", "--stream-window", "20"]
+    flags += ["--eval-every", "0", "--scale-stats", "false", "--per-device-train-batch-size", "2"]
+    ranks = recorded_run(tmp_path, "two", 2, *flags, "--dataloader-num-workers", "0", max_documents=None)
+    tokenizer, source = default_tokenizer(), find_source(str(tmp_path / "data"))
+    for rank, record in enumerate(ranks):  # exactly this rank's share of the stream, in order
+        blocks = [row for batch in record["batches"] for row in batch]
         stream = iter(streamed_blocks([source], [1.0], tokenizer, 32, 42, 20, [frozenset()], rank, 2))
         assert blocks == [next(stream)["input_ids"].tolist() for _ in blocks]
+    assert ranks[0]["packed"] and ranks[1]["packed"] and not set(ranks[0]["packed"]) & set(ranks[1]["packed"])
     everything = list(streamed_blocks([source], [1.0], tokenizer, 32, 42, 20, [frozenset()], endless=False))
-    rows = [tuple(row) for batches in ranks for batch in batches for row in batch]
+    rows = [tuple(row) for record in ranks for batch in record["batches"] for row in batch]
     assert len(set(rows)) == len(rows) == 24 and set(rows) <= {tuple(row["input_ids"]) for row in everything}
+
+
+WAITING_RANKS = """
+import sys, time
+from scalevec.train import ScaleVecTrainingArguments
+
+args = ScaleVecTrainingArguments(output_dir=sys.argv[1], ddp_timeout=2, report_to="none")
+start = time.monotonic()
+try:
+    with args.main_process_first(desc="dataset"):  # as scalevec-train builds its data: rank 0 first
+        if args.process_index == 0:
+            time.sleep(8)  # preparing
+    outcome = "waited"
+except RuntimeError:
+    outcome = "gave up"
+print(f"rank {args.process_index} {outcome} after {time.monotonic() - start:.0f} s", flush=True)
+"""
+
+
+def test_ranks_waiting_for_rank_0_give_up_after_the_ddp_timeout_on_gloo(tmp_path):
+    script = tmp_path / "waiting.py"
+    script.write_text(WAITING_RANKS)
+    result = run_torchrun(str(script), str(tmp_path / "run"), nproc=2)
+    waited = [line for line in result.stdout.splitlines() if line.startswith("rank 1 ")]
+    assert waited and waited[0].startswith("rank 1 gave up after ") and int(waited[0].split()[-2]) < 6, result.stdout
 
 
 # --- what the training command refuses ---------------------------------------------------------------------

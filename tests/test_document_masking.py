@@ -130,7 +130,8 @@ def test_scalevec_train_with_document_masking_trains_and_evaluates(tmp_path, mon
     monkeypatch.setattr(PackedBlockCollator, "__call__", recording)
     output = tmp_path / "masked"
     flags = ("--document-masking", "true", "--learning-rate", "3e-3", "--eval-strategy", "steps", "--eval-steps", "4")
-    assert main(train_argv(output, *flags, steps=8)) == 0
+    workers = ("--dataloader-num-workers", "0")  # collate in this process, where `recording` sees the batches
+    assert main(train_argv(output, *flags, *workers, steps=8)) == 0
     assert all(set(batch) == {"input_ids", "position_ids", "labels"} for batch in batches)
     assert any((batch["position_ids"][:, 1:] == 0).any() for batch in batches)  # documents restart inside blocks
     losses = logged_losses(output)

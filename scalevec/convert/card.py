@@ -91,7 +91,7 @@ def write_model_card(
         architecture=_architecture_rows(source_config, folder, export_target, head),
         training=_training_rows(records),
         data_note=_data_note(records.training_data),
-        data_sources=_data_rows(records.training_data),
+        data_sources=_data_rows(records.training_data, (records.state or {}).get("num_input_tokens_seen")),
         training_sources=", ".join(f"`{source}`" for source in records.sources),
         picture=_place_picture(folder, Path(picture)) if picture is not None else None,
         load_note=load_note,
@@ -286,8 +286,9 @@ def _data_note(data: dict | None) -> str | None:
     return note
 
 
-def _data_rows(data: dict | None) -> list[tuple[str, str, str, str]]:
-    """(source, documents, tokens, share of the training blocks) of each source a run trained on."""
+def _data_rows(data: dict | None, tokens_seen: int | None) -> list[tuple[str, str, str, str]]:
+    """(source, documents, tokens, share of the training blocks) of each source a run trained on; with the tokens
+    the run saw (`num_input_tokens_seen`), how many passes over each prepared source that share made."""
     rows = []
     for source in (data or {}).get("sources", []):
         if source.get("kind") == "streamed":
@@ -296,8 +297,8 @@ def _data_rows(data: dict | None) -> list[tuple[str, str, str, str]]:
         else:
             size = (f"{source['documents']:,}", f"{source['tokens']:,}")
             share = f"{100 * source['share']:.1f} %"
-            if len((data or {}).get("sources", [])) > 1:
-                share += f" ({source['passes']:.2f} passes over it)"
+            if tokens_seen and source["tokens"]:
+                share += f" ({source['share'] * tokens_seen / source['tokens']:.3g} passes over it)"
         rows.append((f"`{source['name']}`", *size, share))
     return rows
 

@@ -7,7 +7,6 @@ start; with `--streaming`, raw data is streamed instead. Several entries make a 
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,17 +15,19 @@ import datasets
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from .checks import prepared_tokenizer, verify
 from .corpus import cache_dir, default_corpus_file, default_tokenizer
 from .held_out import DEFAULT_EVAL_TOKENS, HeldOutSet, evaluation_sets, parse_token_budget, set_names
 from .mixture import WeightedMixture
+from .preparation import prepare
 from .prepared import (
-    TOKENIZER_FOLDER,
+    METADATA,
     PreparedBlocks,
     PreparedMetadata,
     PrepareOptions,
     is_prepared,
     load_held_out_digests,
-    prepare,
+    looks_prepared,
     tokenizer_fingerprint,
 )
 from .sources import DataError, Source, find_source, is_missing_path
@@ -197,7 +198,7 @@ def load_tokenizer(args: DataArguments) -> PreTrainedTokenizerBase:
     if args.tokenizer:
         return _named_tokenizer(args.tokenizer)
     prepared = next((entry for entry in args.entries() if is_prepared(entry)), None)
-    return AutoTokenizer.from_pretrained(Path(prepared) / TOKENIZER_FOLDER) if prepared else default_tokenizer()
+    return prepared_tokenizer(Path(prepared)) if prepared else default_tokenizer()
 
 
 def _named_tokenizer(name: str) -> PreTrainedTokenizerBase:
@@ -261,7 +262,6 @@ class _Builder:
         sources = [self._describe(entry, folder, split) for entry, folder, split in zip(entries, folders, blocks)]
         for source, count in zip(sources, getattr(train, "places", [len(train)])):
             source["share"] = count / len(train)
-            source["passes"] = count / source["blocks"] if source["blocks"] else 0.0
         return self._finish(train, sources, self._evaluation(entries, folders, weights))
 
     def streamed(self, entries: list[str], seed: int, rank: int, world_size: int) -> TrainingData:
@@ -349,10 +349,15 @@ class _Builder:
     def _prepared_folder(self, entry: str, options: PrepareOptions) -> Path:
         if is_prepared(entry):
             self._check_compatible(Path(entry))
-            return Path(entry)
-        return self._cached(self._source(entry), options, with_train=True)
+            folder = Path(entry)
+        else:
+            folder = self._cached(self._source(entry), options, with_train=True)
+        verify(folder)
+        return folder
 
     def _source(self, entry: str) -> Source:
+        if looks_prepared(entry):  # rather than read its tokenizer's files as data
+            raise DataError(f"--dataset {entry}: a prepared folder without its {METADATA}; prepare it again")
         return find_source(entry, self.args.text_column, self.args.dataset_config)
 
     def _check_compatible(self, folder: Path) -> None:
@@ -368,7 +373,7 @@ class _Builder:
 
     def _cached(self, source: Source, options: PrepareOptions, with_train: bool) -> Path:
         """The cache folder holding `source` prepared with `options`: reused if it is there, else made now."""
-        key = {"source": _identity(source), "tokenizer": self.fingerprint, "options": asdict(options)}
+        key = {"source": source.identity(), "tokenizer": self.fingerprint, "options": asdict(options)}
         key["with_train"] = with_train
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         folder = self.cache / f"{_slug(source.name)}-{digest}"
@@ -378,7 +383,8 @@ class _Builder:
         what = "data" if with_train else "held-out data"
         print(f"scalevec-data: preparing {what} of {self._label(source.name)} into {folder}", flush=True)
         try:
-            prepare([source], self.tokenizer, options, folder, self.args.num_proc, self.progress, with_train)
+            num_proc, progress = self.args.num_proc, self.progress
+            prepare([source], self.tokenizer, options, folder, num_proc, progress, with_train, wait=True)
         except (DataError, FileExistsError):
             if not is_prepared(folder):  # rather than made by a process that prepared it at the same time
                 raise
@@ -412,15 +418,6 @@ def _display_name(tokenizer_name: str) -> str:
     if not tokenizer_name or Path(tokenizer_name).resolve().is_relative_to(cache_dir().resolve()):
         return EMBEDDED_TOKENIZER
     return tokenizer_name
-
-
-def _identity(source: Source) -> dict:
-    """What a prepared copy of `source` depends on: the files (with their sizes and times), or the Hub dataset."""
-    if source.is_local:
-        stats = [(os.path.abspath(file), os.stat(file)) for file in source.files]
-        files = [(path, stat.st_size, stat.st_mtime_ns) for path, stat in stats]
-        return {"files": files, "text_column": source.text_column}
-    return {"hub": source.name, "config": source.hub_config, "shards": source.hub_shards, "column": source.text_column}
 
 
 def _slug(name: str) -> str:

@@ -3,17 +3,23 @@
 scalevec-data prepare data/*.jsonl --output prepared/web --tokenizer gpt2 --seq-len 2048 --num-proc 16
 scalevec-data info prepared/web
 scalevec-train --dataset prepared/web ...     # the folder's tokenizer and sequence length
+
+Split across n machines: `prepare ... --output parts/web-i --shard i/n` on machine i, then
+`scalevec-data combine parts/web-* --output prepared/web`.
 """
 
 import argparse
+import contextlib
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from ..atomic import exit_status
 from .build import DEFAULT_EVAL_EVERY, DEFAULT_SEQ_LEN, DataArguments, load_tokenizer
-from .prepared import PreparedMetadata, PrepareOptions, prepare
-from .sources import find_source
+from .checks import problems
+from .preparation import combine, prepare
+from .prepared import PreparedMetadata, PrepareOptions
+from .sources import DataError, find_source
 
 
 def _prepare(args: argparse.Namespace) -> None:
@@ -32,12 +38,22 @@ def _prepare(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(data)
     sources = [find_source(name, args.text_column, args.dataset_config) for name in data.entries()]
     options = PrepareOptions(args.seq_len, args.eval_every, args.max_eval_documents, args.max_documents)
-    metadata = prepare(sources, tokenizer, options, args.output, args.num_proc, progress=not args.quiet)
+    metadata = prepare(
+        sources, tokenizer, options, args.output, args.num_proc, progress=not args.quiet, shard=args.shard
+    )
     print(f"prepared {args.output}")
     _describe(metadata)
 
 
+def _combine(args: argparse.Namespace) -> None:
+    metadata = combine(args.parts, args.output)
+    print(f"combined {len(args.parts)} parts into {args.output}")
+    _describe(metadata)
+
+
 def _describe(metadata: PreparedMetadata) -> None:
+    if metadata.shard:
+        print(f"  part {metadata.shard[0]} of a preparation in {metadata.shard[1]} parts (--shard)")
     print(f"  tokenizer {metadata.tokenizer_name} ({metadata.tokenizer_fingerprint}), {metadata.vocab_size} tokens")
     print(f"  blocks of {metadata.seq_len} tokens stored as {metadata.dtype}; sources: {', '.join(metadata.sources)}")
     for name, info in metadata.splits.items():
@@ -49,10 +65,26 @@ def _describe(metadata: PreparedMetadata) -> None:
 
 
 def _info(args: argparse.Namespace) -> None:
-    metadata = PreparedMetadata.read(Path(args.folder))
-    print(args.folder)
-    _describe(metadata)
-    print(f"  options: {asdict(PrepareOptions(**metadata.options))}")
+    folder = Path(args.folder)
+    found = problems(folder, scan_ids=not args.quick)
+    with contextlib.suppress(DataError):  # an unreadable description is the first of `found`
+        metadata = PreparedMetadata.read(folder)
+        print(args.folder)
+        _describe(metadata)
+        print(f"  options: {asdict(PrepareOptions(**metadata.options))}")
+    if found:  # one line each, the last as the command's error
+        for problem in found[:-1]:
+            print(f"scalevec-data: error: {problem}", file=sys.stderr)
+        raise DataError(found[-1])
+    scanned = "(token ids not scanned: --quick)" if args.quick else "token ids below the vocabulary size"
+    print(f"  checked: file sizes, {scanned}, held-out digests, tokenizer")
+
+
+def _shard(text: str) -> tuple[int, int]:
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not i/n with 0 <= i < n (part i of n, e.g. 0/4)")
+    return int(index), int(count)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,10 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--max-eval-documents", type=int, default=2000)
     prep.add_argument("--max-documents", type=int)
     prep.add_argument("--num-proc", type=int, default=1, help="tokenising processes (default 1, on every core)")
+    prep.add_argument(
+        "--shard", type=_shard, help="i/n: prepare part i of n (a range of the files), for `combine` to join"
+    )
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
     prep.set_defaults(run=_prepare)
-    info = commands.add_parser("info", help="what a prepared folder holds")
+    join = commands.add_parser("combine", help="join the parts of a preparation split with --shard")
+    join.add_argument("parts", nargs="+", help="the prepared parts, one per --shard i/n")
+    join.add_argument("--output", required=True, help="the prepared folder to create (must not exist)")
+    join.set_defaults(run=_combine)
+    info = commands.add_parser("info", help="what a prepared folder holds, checked")
     info.add_argument("folder")
+    info.add_argument("--quick", action="store_true", help="do not scan the token ids")
     info.set_defaults(run=_info)
     return parser
 

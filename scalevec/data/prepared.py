@@ -2,11 +2,14 @@
 store them: raw little-endian uint16 (uint32 for vocabularies over 65,536) token ids, one file per split
 (`train.bin`, `eval.bin`), each document followed by the end-of-text token, the last partial block dropped.
 `scalevec_data.json` says what the folder holds and how it was made; `tokenizer/` is the tokenizer that made it;
-`held_out_digests.npy` names the held-out documents (so that a stream of the same source can leave them out).
+`held_out_digests.npy` names the held-out documents (so that a stream of the same source can leave them out). A part
+of a preparation split across machines (`shard`) also keeps the tokens after its last block, in `train_tail.bin`.
 
 Blocks are read with positioned reads (`os.pread`) through the page cache: the ranks of a node share one cached
 copy, and a process holds only the blocks it is collating. (A memory map would do the same reads, but count every
-page a long run touched as that process's memory.)
+page a long run touched as that process's memory.) The blocks of a batch are read with one read per run of
+consecutive blocks, after telling the kernel about all of them (`POSIX_FADV_WILLNEED`), so that a batch of blocks
+that are not in the page cache is read from the disk in parallel rather than one block after the other.
 
 The held-out split is every `eval_every`-th document until `max_eval_documents` are held out; no training block
 holds a held-out document or a copy of one (documents are compared by a 64-bit digest of their text).
@@ -15,11 +18,8 @@ holds a held-out document or a copy of one (documents are compared by a 64-bit d
 import hashlib
 import json
 import os
-import shutil
-import sys
-import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from itertools import islice
 from pathlib import Path
 
@@ -27,17 +27,15 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..atomic import commit_folder, write_text_atomically
-from .sources import DataError, Shard, Source, read_documents
-from .tokenization import DocumentEncoder, encode_in_order, token_dtype
+from .sources import DataError, Shard, read_documents
 
 METADATA = "scalevec_data.json"
 HELD_OUT_DIGESTS = "held_out_digests.npy"
 TOKENIZER_FOLDER = "tokenizer"
+TAIL = "train_tail.bin"
 FORMAT = "scalevec-prepared-blocks"
 FORMAT_VERSION = 1
-_CHUNK_DOCUMENTS = 512  # documents per encoding task
-_FLUSH_TOKENS = 1 << 22  # tokens gathered before whole blocks are written out
+DTYPES = ("uint16", "uint32")
 
 
 @dataclass(frozen=True)
@@ -73,21 +71,52 @@ class PreparedMetadata:
     splits: dict[str, SplitInfo] = field(default_factory=dict)
     format: str = FORMAT
     version: int = FORMAT_VERSION
+    shard: list[int] | None = None  # [index, count] of a part of a preparation split across machines
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2) + "\n"
+        values = asdict(self)
+        if values["shard"] is None:  # as earlier versions wrote it, so that they read it
+            del values["shard"]
+        return json.dumps(values, indent=2) + "\n"
 
     @classmethod
     def read(cls, folder: Path) -> "PreparedMetadata":
+        """The description of the prepared `folder`, its values checked (a `DataError` names the first bad one)."""
+        path = folder / METADATA
+        if not path.is_file():
+            raise DataError(f"{folder}: no {METADATA}, so not a prepared folder (or one that lost its description)")
         try:
-            values = json.loads((folder / METADATA).read_text(encoding="utf-8"))
+            values = json.loads(path.read_text(encoding="utf-8"))
             values["splits"] = {name: SplitInfo(**info) for name, info in values["splits"].items()}
             metadata = cls(**values)
-        except (OSError, ValueError, TypeError, KeyError) as error:
-            raise DataError(f"{folder / METADATA}: not a prepared-data description ({error})") from None
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+            raise DataError(f"{path}: not a prepared-data description ({error})") from None
         if (metadata.format, metadata.version) != (FORMAT, FORMAT_VERSION):
             raise DataError(f"{folder}: prepared by another version of scalevec (format {metadata.version})")
+        problem = metadata._problem()
+        if problem:
+            raise DataError(f"{path}: {problem}")
         return metadata
+
+    def _problem(self) -> str | None:
+        """What makes these values unusable, if anything."""
+        if self.dtype not in DTYPES:
+            return f"dtype {self.dtype!r} is none of {', '.join(DTYPES)}"
+        numbers = {"seq_len": self.seq_len, "vocab_size": self.vocab_size, "eos_token_id": self.eos_token_id}
+        for name, value in numbers.items():
+            if type(value) is not int or value < (0 if name == "eos_token_id" else 2):
+                return f"{name} {value!r} is not a valid number"
+        if self.vocab_size > np.iinfo(self.dtype).max + 1:
+            return f"a vocabulary of {self.vocab_size:,} tokens does not fit {self.dtype}"
+        if self.eos_token_id >= self.vocab_size:
+            return f"eos_token_id {self.eos_token_id} is not below vocab_size {self.vocab_size}"
+        for name, info in self.splits.items():
+            counts = [getattr(info, counter.name) for counter in fields(SplitInfo)]
+            if not all(type(count) is int and count >= 0 for count in counts):
+                return f"the {name!r} split's counts {counts} are not all numbers of at least 0"
+            if info.tokens != info.blocks * self.seq_len:
+                return f"the {name!r} split's {info.tokens:,} tokens are not {info.blocks:,} blocks of {self.seq_len}"
+        return None
 
     def bytes_per_token(self, split: str) -> float | None:
         info = self.splits.get(split)
@@ -96,6 +125,11 @@ class PreparedMetadata:
 
 def is_prepared(path: str | Path) -> bool:
     return (Path(path) / METADATA).is_file()
+
+
+def looks_prepared(path: str | Path) -> bool:
+    """A folder holding what a preparation writes, with or without its description."""
+    return (Path(path) / "train.bin").is_file() or (Path(path) / HELD_OUT_DIGESTS).is_file()
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -126,139 +160,6 @@ def held_out_documents(shards: Sequence[Shard], options: PrepareOptions) -> Iter
     return islice(documents_of(shards, scanned), every - 1, None, every)
 
 
-class _BlockWriter:
-    """Appends documents, each followed by `eos`, to a raw token file and keeps whole blocks only."""
-
-    def __init__(self, path: Path, seq_len: int, dtype: np.dtype, eos: int):
-        self.file = open(path, "wb")  # noqa: SIM115 (closed by `close`)
-        self.seq_len, self.eos = seq_len, np.array([eos], dtype=dtype)
-        self.pending: list[np.ndarray] = []
-        self.pending_tokens = 0
-        self.info = SplitInfo()
-
-    def add(self, documents: list[np.ndarray]) -> None:
-        for tokens in documents:
-            self.pending += [tokens, self.eos]
-            self.pending_tokens += len(tokens) + 1
-        if self.pending_tokens >= _FLUSH_TOKENS:
-            self._write_whole_blocks()
-
-    def _write_whole_blocks(self) -> None:
-        tokens = np.concatenate(self.pending) if self.pending else np.empty(0, self.eos.dtype)
-        whole = len(tokens) // self.seq_len * self.seq_len
-        self.file.write(tokens[:whole].tobytes())
-        self.info.blocks += whole // self.seq_len
-        self.info.tokens += whole
-        self.pending, self.pending_tokens = [tokens[whole:]], len(tokens) - whole
-
-    def close(self) -> SplitInfo:
-        self._write_whole_blocks()
-        self.info.dropped_tokens = self.pending_tokens
-        self.file.close()
-        return self.info
-
-
-def _write_split(texts: Iterator[str], writer: _BlockWriter, encoder: DocumentEncoder, num_proc: int) -> SplitInfo:
-    """Encode the non-empty `texts` and write them; what was written."""
-
-    def chunks() -> Iterator[list[str]]:
-        chunk = []
-        for text in texts:
-            if not text:
-                writer.info.empty_documents += 1
-                continue
-            writer.info.documents += 1
-            writer.info.bytes += len(text.encode("utf-8"))
-            chunk.append(text)
-            if len(chunk) == _CHUNK_DOCUMENTS:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
-
-    for tokens in encode_in_order(chunks(), encoder, num_proc):
-        writer.add(tokens)
-    return writer.close()
-
-
-def prepare(
-    sources: Sequence[Source],
-    tokenizer: PreTrainedTokenizerBase,
-    options: PrepareOptions,
-    output: str | Path,
-    num_proc: int = 1,
-    progress: bool = True,
-    with_train: bool = True,
-) -> PreparedMetadata:
-    """Tokenise and pack `sources` (in order, as one corpus) into the prepared folder `output`, which must not
-    exist; `with_train=False` prepares the held-out split alone (for a streamed source). The folder is written
-    into a staging folder beside it and renamed into place when complete."""
-    output = Path(output)
-    if output.exists():
-        raise DataError(f"{output} already exists (nothing is overwritten)")
-    if tokenizer.eos_token_id is None:
-        raise DataError("the tokenizer has no eos_token: packing needs one between documents")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.staging-"))
-    try:
-        metadata = _prepare_into(staging, sources, tokenizer, options, num_proc, progress and with_train, with_train)
-        commit_folder(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return metadata
-
-
-def _prepare_into(staging, sources, tokenizer, options, num_proc, progress, with_train) -> PreparedMetadata:
-    dtype = token_dtype(len(tokenizer))
-    encoder = DocumentEncoder(tokenizer, dtype)
-    shards = [shard for source in sources for shard in source.shards()]
-    eos = tokenizer.eos_token_id
-    digests: set[int] = set()
-
-    def recorded(texts: Iterator[str]) -> Iterator[str]:
-        for text in texts:
-            if text:
-                digests.add(document_digest(text))
-            yield text
-
-    splits = {}
-    if options.eval_every and options.max_eval_documents:
-        eval_writer = _BlockWriter(staging / "eval.bin", options.seq_len, dtype, eos)
-        splits["eval"] = _write_split(recorded(held_out_documents(shards, options)), eval_writer, encoder, num_proc)
-    np.save(staging / HELD_OUT_DIGESTS, np.array(sorted(digests), dtype=np.uint64), allow_pickle=False)
-    if with_train:
-        texts = documents_of(shards, options.max_documents)
-        if digests:
-            texts = (text for text in texts if not text or document_digest(text) not in digests)
-        train_writer = _BlockWriter(staging / "train.bin", options.seq_len, dtype, eos)
-        splits["train"] = _write_split(_with_progress(texts, progress), train_writer, encoder, num_proc)
-        if splits["train"].documents == 0:
-            raise DataError(f"{', '.join(source.name for source in sources)}: every document is empty")
-    tokenizer.save_pretrained(staging / TOKENIZER_FOLDER)
-    metadata = PreparedMetadata(
-        seq_len=options.seq_len,
-        dtype=dtype.name,
-        eos_token_id=eos,
-        vocab_size=len(tokenizer),
-        tokenizer_name=tokenizer.name_or_path,
-        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
-        sources=[source.name for source in sources],
-        options=asdict(options),
-        splits=splits,
-    )
-    write_text_atomically(staging / METADATA, metadata.to_json())
-    return metadata
-
-
-def _with_progress(texts: Iterator[str], enabled: bool) -> Iterator[str]:
-    if not enabled:
-        return texts
-    from tqdm.auto import tqdm
-
-    return tqdm(texts, desc="preparing", unit=" documents", file=sys.stderr, mininterval=2)
-
-
 class PreparedBlocks(torch.utils.data.Dataset):
     """The blocks of one split of a prepared folder, `{"input_ids": array of seq_len token ids}` each."""
 
@@ -271,25 +172,45 @@ class PreparedBlocks(torch.utils.data.Dataset):
         self.split = split
         self.path = self.folder / f"{split}.bin"
         self.dtype = np.dtype(self.metadata.dtype)
-        self.block_bytes = self.metadata.seq_len * self.dtype.itemsize
+        self.seq_len = self.metadata.seq_len
+        self.block_bytes = self.seq_len * self.dtype.itemsize
         self.num_blocks = self.metadata.splits[split].blocks
-        size, expected = (self.path.stat().st_size if self.path.exists() else 0), self.num_blocks * self.block_bytes
-        if size != expected:
-            raise DataError(f"{self.path}: {size:,} bytes where its {self.num_blocks:,} blocks take {expected:,}")
-        self._descriptor: tuple[int, int] | None = None  # (process id, file descriptor): reopened after a fork
+        problem = size_problem(self.path, self.num_blocks * self.block_bytes, f"{self.num_blocks:,} blocks")
+        if problem:
+            raise DataError(problem)
 
     def __len__(self) -> int:
         return self.num_blocks
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        if not -self.num_blocks <= index < self.num_blocks:
-            raise IndexError(f"block {index} of {self.num_blocks}")
-        index %= self.num_blocks
-        data = os.pread(self._file(), self.block_bytes, index * self.block_bytes)
-        return {"input_ids": np.frombuffer(data, dtype=self.dtype)}
+        return self.__getitems__([index])[0]
 
-    def __getitems__(self, indices: list[int]) -> list[dict[str, np.ndarray]]:
-        return [self[index] for index in indices]
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """The blocks at `indices`, in that order: one read per run of consecutive blocks, the runs announced to
+        the kernel first so that those not in the page cache are read from the disk together."""
+        blocks = np.asarray(indices, dtype=np.int64)
+        outside = (blocks < -self.num_blocks) | (blocks >= self.num_blocks)
+        if outside.any():
+            raise IndexError(f"block {blocks[outside][0]} of {self.num_blocks}")
+        blocks %= max(self.num_blocks, 1)
+        order = np.argsort(blocks, kind="stable")
+        ordered = blocks[order]
+        runs = np.split(np.arange(len(ordered)), np.flatnonzero(np.diff(ordered) != 1) + 1)
+        descriptor = self._file()
+        if len(runs) > 1:
+            for run in runs:
+                offset = int(ordered[run[0]]) * self.block_bytes
+                os.posix_fadvise(descriptor, offset, len(run) * self.block_bytes, os.POSIX_FADV_WILLNEED)
+        rows: list[dict[str, np.ndarray] | None] = [None] * len(blocks)
+        for run in runs:
+            first, size = int(ordered[run[0]]), len(run) * self.block_bytes
+            data = os.pread(descriptor, size, first * self.block_bytes)
+            if len(data) != size:
+                raise DataError(f"{self.path}: ends before block {first + len(data) // self.block_bytes:,} (changed)")
+            read = np.frombuffer(data, dtype=self.dtype).reshape(len(run), self.seq_len)
+            for row, position in zip(read, order[run]):
+                rows[position] = {"input_ids": row}
+        return rows
 
     def _file(self) -> int:
         if self._descriptor is None or self._descriptor[0] != os.getpid():
@@ -302,6 +223,14 @@ class PreparedBlocks(torch.utils.data.Dataset):
     def __del__(self):
         if self._descriptor is not None and self._descriptor[0] == os.getpid():
             os.close(self._descriptor[1])
+
+
+def size_problem(path: Path, expected: int, holding: str) -> str | None:
+    """What is wrong with the size of `path`, which should hold `expected` bytes (`holding` says of what)."""
+    size = path.stat().st_size if path.is_file() else None
+    if size is None:
+        return f"{path}: missing, where its {holding} should be"
+    return None if size == expected else f"{path}: {size:,} bytes where its {holding} take {expected:,}"
 
 
 def load_held_out_digests(folder: Path) -> set[int]:

@@ -44,6 +44,14 @@ class Source:
     def is_local(self) -> bool:
         return bool(self.files)
 
+    def identity(self) -> dict:
+        """What a preparation of this source depends on: the files (paths, sizes and times), or the Hub dataset."""
+        if self.is_local:
+            stats = [(os.path.abspath(file), os.stat(file)) for file in self.files]
+            files = [(path, stat.st_size, stat.st_mtime_ns) for path, stat in stats]
+            return {"files": files, "text_column": self.text_column}
+        return {"hub": self.name, "config": self.hub_config, "shards": self.hub_shards, "column": self.text_column}
+
     def shards(self) -> list["Shard"]:
         if self.is_local:
             return [Shard(self, index) for index in range(len(self.files))]
@@ -112,7 +120,7 @@ def _hub_dataset(name: str, config: str | None):
     try:
         return datasets.load_dataset(name, name=config, split="train", streaming=True)
     except Exception as error:  # the Hub's and `datasets`' many error types: name the source, keep the cause
-        raise DataError(f"--dataset {name}: cannot open it as a Hub dataset ({_first_line(error)})") from error
+        raise DataError(f"--dataset {name}: cannot open it as a Hub dataset ({first_line(error)})") from error
 
 
 def read_documents(shard: Shard) -> Iterator[str]:
@@ -128,7 +136,7 @@ def read_documents(shard: Shard) -> Iterator[str]:
         for count, text in enumerate(readers[_format_of(path)](path, source.text_column), 1):  # noqa: B007
             yield text
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as error:  # unreadable, or compressed and cut short
-        raise DataError(f"{path}: unreadable after {count} documents ({_first_line(error)})") from error
+        raise DataError(f"{path}: unreadable after {count} documents ({first_line(error)})") from error
 
 
 def _open_binary(path: Path):
@@ -203,7 +211,7 @@ def _parquet_documents(path: Path, text_column: str) -> Iterator[str]:
     try:
         file = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as error:
-        raise DataError(f"{path}: not a readable parquet file ({_first_line(error)})") from None
+        raise DataError(f"{path}: not a readable parquet file ({first_line(error)})") from None
     if text_column not in file.schema_arrow.names:
         columns = file.schema_arrow.names
         raise DataError(f"{path}: no {text_column!r} column (it has {columns}); choose one with --text-column")
@@ -216,7 +224,7 @@ def _parquet_documents(path: Path, text_column: str) -> Iterator[str]:
             try:
                 batch = next(batches, None)
             except (pa.ArrowException, OSError) as error:
-                raise DataError(f"{place}: damaged ({_first_line(error)})") from None
+                raise DataError(f"{place}: damaged ({first_line(error)})") from None
             if batch is None:
                 break
             for value in batch.column(0).to_pylist():
@@ -238,9 +246,9 @@ def _hub_documents(shard: Shard) -> Iterator[str]:
     except DataError:
         raise
     except Exception as error:  # whatever `datasets` or the network raised while reading this shard
-        raise DataError(f"{shard}: unreadable after {count} documents ({_first_line(error)})") from error
+        raise DataError(f"{shard}: unreadable after {count} documents ({first_line(error)})") from error
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0]

@@ -1,13 +1,16 @@
 """Streamed training blocks, for corpora too large to prepare (Hub datasets, remote parquet, any source).
 
 A source's shards (files) stay visible as the shards of a `datasets.IterableDataset`, in an order seeded by the
-run's seed: each rank reads its own shards (every rank reads every shard and keeps every N-th window where the
-shard count is not a multiple of the number of ranks), and the DataLoader's workers split a rank's shards again.
+run's seed. The work is split between the ranks before anything is tokenised: while every rank can have one, whole
+shards are dealt in turn (shard k to rank k mod N, as `split_dataset_by_node` deals them); the windows of the last
+(shard count mod N) shards are dealt in turn (window j of such a shard to rank j mod N), so N ranks tokenise the
+stream once between them whatever the number of shards. The DataLoader's workers split a rank's share again.
 A shard's documents are read in windows of `window` documents (at most 4 M characters); a window is tokenised,
 packed into blocks (its last partial block dropped) and its blocks put in a seeded order. Each window is packed on
-its own, so the blocks do not depend on which rank or worker reads them, and the position in the stream (shard,
-window, block) is what `StatefulDataLoader.state_dict` saves: resuming re-reads the documents of the current shard
-up to its window, tokenising only that window, and gives the batches of the uninterrupted run.
+its own, so the blocks do not depend on which rank or worker reads them (the ranks' blocks together are one
+process's), and the position in the stream (shard, window, block) is what `StatefulDataLoader.state_dict` saves:
+resuming re-reads the documents of the current shard up to its window, tokenising only that window, and gives the
+batches of the uninterrupted run.
 
 Several sources are interleaved at random in proportion to their weights (seeded, resumable). The stream
 never ends: after its last shard a rank starts again from its first, in the same order.
@@ -15,10 +18,10 @@ never ends: after its last shard a rank starts again from its first, in the same
 
 import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import datasets
 import numpy as np
-from datasets.distributed import split_dataset_by_node
 from transformers import PreTrainedTokenizerBase
 
 from .prepared import document_digest
@@ -30,20 +33,43 @@ from .tokenization import DocumentEncoder, token_dtype
 WINDOW_CHARS = 1 << 22
 
 
-def _windows(shards: list[Shard], window: int, held_out: frozenset[int]) -> Iterator[dict]:
-    """Windows of up to `window` non-empty documents (and `WINDOW_CHARS` characters) of one shard at a time,
-    held-out documents left out."""
-    for shard in shards:
-        texts, chars = [], 0
-        for text in read_documents(shard):
-            if text and (not held_out or document_digest(text) not in held_out):
-                texts.append(text)
-                chars += len(text)
-                if len(texts) == window or chars >= WINDOW_CHARS:
-                    yield {"texts": texts}
-                    texts, chars = [], 0
-        if texts:
-            yield {"texts": texts}
+@dataclass(frozen=True)
+class RankShare:
+    """The windows of one shard that a rank packs: every `step`-th, from the `offset`-th (all of them: step 1)."""
+
+    shard: Shard
+    step: int = 1
+    offset: int = 0
+
+
+def rank_shares(shards: Sequence[Shard], rank: int, world_size: int) -> list[RankShare]:
+    """What rank `rank` of `world_size` reads: whole shards while every rank gets one, then its turn of the windows
+    of the shards left over."""
+    whole = len(shards) - len(shards) % world_size
+    shares = [RankShare(shard) for shard in shards[rank:whole:world_size]]
+    return shares + [RankShare(shard, world_size, rank) for shard in shards[whole:]]
+
+
+def _windows(shares: list[RankShare], window: int, held_out: frozenset[int]) -> Iterator[dict]:
+    """This rank's windows of up to `window` non-empty documents (and `WINDOW_CHARS` characters) of one shard at a
+    time, held-out documents left out. The windows that are not this rank's are read but not tokenised."""
+    for share in shares:
+        for number, texts in enumerate(_shard_windows(share.shard, window, held_out)):
+            if number % share.step == share.offset:
+                yield {"texts": texts}
+
+
+def _shard_windows(shard: Shard, window: int, held_out: frozenset[int]) -> Iterator[list[str]]:
+    texts, chars = [], 0
+    for text in read_documents(shard):
+        if text and (not held_out or document_digest(text) not in held_out):
+            texts.append(text)
+            chars += len(text)
+            if len(texts) == window or chars >= WINDOW_CHARS:
+                yield texts
+                texts, chars = [], 0
+    if texts:
+        yield texts
 
 
 class WindowPacker:
@@ -88,12 +114,12 @@ def streamed_blocks(
     features = datasets.Features({"input_ids": datasets.List(datasets.Value(packer.dtype.name), length=seq_len)})
     streams = []
     for source, excluded in zip(sources, held_out):
+        shares = rank_shares(seeded_shards(source, seed), rank, world_size)
         windows = datasets.IterableDataset.from_generator(
             _windows,
             features=datasets.Features({"texts": datasets.List(datasets.Value("string"))}),
-            gen_kwargs={"shards": seeded_shards(source, seed), "window": window, "held_out": excluded},
+            gen_kwargs={"shares": shares, "window": window, "held_out": excluded},
         )
-        windows = split_dataset_by_node(windows, rank, world_size)
         blocks = windows.map(packer, batched=True, batch_size=1, remove_columns=["texts"], features=features)
         streams.append(blocks.repeat(None) if endless else blocks)
     if len(streams) == 1:

@@ -6,7 +6,9 @@ import json
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 
 import datasets
@@ -96,6 +98,13 @@ class ScaleVecTrainingArguments(TrainingArguments):
         metadata={"help": "Peak FLOP/s of one device, for MFU. Default: known GPUs by name (none on CPU)."},
     )
     include_num_input_tokens_seen: bool = field(default=True, metadata={"help": "Count the tokens seen."})
+    dataloader_num_workers: int = field(
+        default=2,
+        metadata={
+            "help": "Processes that read and collate batches ahead of the step, so that it never waits on the disk "
+            "(transformers' default: 0, reading in the training process). A streamed run's order depends on it."
+        },
+    )
     dataloader_pin_memory: bool = field(
         default_factory=torch.cuda.is_available, metadata={"help": "Pin memory for data loaders (GPU only)."}
     )
@@ -106,6 +115,11 @@ class ScaleVecTrainingArguments(TrainingArguments):
         # each process would train alone, all writing the same folder. Use gloo on the CPUs instead.
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available():
             self.use_cpu = True
+            # transformers gives --ddp-timeout to the process group on accelerators only: gloo would wait for its
+            # own 30 minutes, whatever --ddp-timeout says (the time a rank waits for rank 0 to prepare data, say).
+            if not torch.distributed.is_initialized():
+                timeout = timedelta(seconds=self.ddp_timeout)
+                torch.distributed.init_process_group(self.ddp_backend or "gloo", timeout=timeout)
         # `muon` is ours, not one of transformers' OptimizerNames: validate the rest as usual, then put it back.
         muon = self.optim == "muon"
         if muon:
@@ -200,12 +214,14 @@ class ScaleVecTrainer(Trainer):
 
     def get_train_dataloader(self):
         """A streamed dataset is already this rank's share: it gets a `StatefulDataLoader` of its own (no
-        accelerate dispatch from rank 0), whose position every checkpoint saves."""
+        accelerate dispatch from rank 0), whose position every checkpoint saves, and whose workers tokenise."""
         if not isinstance(self.train_dataset, datasets.IterableDataset):
             return super().get_train_dataloader()
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        workers = self.args.dataloader_num_workers
+        # torchdata's worker loop calls a deprecated torch function, which warns once per run: not the user's concern
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+        workers = min(self.args.dataloader_num_workers, self.train_dataset.num_shards)  # a worker reads whole shards
         self._stream_loader = StatefulDataLoader(
             self.train_dataset,
             batch_size=self._train_batch_size,
