@@ -118,10 +118,6 @@ class PreparedMetadata:
                 return f"the {name!r} split's {info.tokens:,} tokens are not {info.blocks:,} blocks of {self.seq_len}"
         return None
 
-    def bytes_per_token(self, split: str) -> float | None:
-        info = self.splits.get(split)
-        return info.bytes / (info.tokens + info.dropped_tokens) if info and info.tokens else None
-
 
 def is_prepared(path: str | Path) -> bool:
     return (Path(path) / METADATA).is_file()
