@@ -220,3 +220,13 @@ def test_two_ranks_read_the_batches_of_one_process():
         ranks.append(batches(prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False), 5))
     assert [a + b for a, b in zip(*ranks)] == one
     assert len(ShuffledBlockSampler(size, seed, 8 * 3)) == size - size % 24  # whole global batches per epoch
+
+
+def test_the_card_says_what_each_evaluation_read(mixture_run):
+    from scalevec.convert.card import _data_note
+
+    record = json.loads((mixture_run["dir"] / "training_data.json").read_text())
+    note = _data_note(record)
+    held_out = record["eval"]
+    assert f"{held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks)" in note
+    assert f"each evaluation read a fixed subset of {EVAL_BLOCKS * SEQ_LEN:,} tokens" in note

@@ -282,7 +282,10 @@ def _data_note(data: dict | None) -> str | None:
     note = f"Documents {how} into blocks of {data['seq_len']} tokens, tokenizer {data['tokenizer']}{masking}."
     held_out = data.get("eval")
     if held_out:
-        note += f" Evaluation: {held_out['name']}, {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks)."
+        note += f" Evaluation: {held_out['name']}, {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks)"
+        if "evaluated_tokens" in held_out and held_out["evaluated_blocks"] < held_out["blocks"]:
+            note += f", of which each evaluation read a fixed subset of {held_out['evaluated_tokens']:,} tokens"
+        note += "."
     return note
 
 
