@@ -83,4 +83,5 @@ def _plot_differences(axis, best: dict[Key, list[RunRecord]], size: str, colours
     axis.axvline(0, color="grey", linewidth=0.8)
     axis.set_yticks(range(len(compared)), [f"{v}\n− {r}" for v, r, _ in compared], fontsize="small")
     axis.invert_yaxis()
-    axis.set(title="final eval loss − reference (each at its best lr)", xlabel="nats per token (dots: seeds, |: mean)")
+    title = "final eval loss − reference\n(each at its best lr)"  # two lines: the y labels are wide
+    axis.set(title=title, xlabel="nats per token (dots: seeds, |: mean)")
