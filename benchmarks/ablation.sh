@@ -6,21 +6,24 @@
 # Run folders are SIZE/VARIANT-lrLR-seedSEED (since issue 36; runs of the older VARIANT-seedSEED layout are not
 # reused).
 #
-# The miniature of the paper's study (issue 36) on real text, DATASET a folder prepared with `scalevec-data prepare
-# CORPUS --output DATASET --seq-len 128` (e.g. the corpus of benchmarks/bench_data.py: the standard library and
-# site-packages, ~90 M tokens): `miniature-weight-decay` (the weight-decay variants at the tiny size, 4,000 steps of
-# 8 x 128 = 4.1 M tokens a run, 10x the groups above, 3 seeds: 18 runs) and `miniature-ladder` (none, standard and
-# unified at 2x64, 3x96 and 4x128 for 5 tokens per non-embedding parameter: 0.46 M, 1.5 M and 3.7 M tokens, learning
-# rates 1e-3 and 3e-3, seeds 0 and 1: 36 runs). Estimated from 60-step runs on the shared 2-core machine (one
-# thread, 2026-12-06: 2x64 0.06-0.07 s a step of 1,024 tokens, 3x96 and 4x128 0.13-0.14 s, 4x192 0.18-0.19 s, 4x256
-# 0.26-0.34 s): ~9 minutes a run and ~2.7 hours for the first, ~12 minutes per variant, learning rate and seed and
-# ~2.4 hours for the second, on one process each, plus evaluation. Several processes may share a group's folder:
-# FLAGs `--shard 0/2` and `--shard 1/2` (then once more without --shard, or with `--report-only true`, for the report).
+# The miniature of the paper's study (issue 36, RESULTS.md "CPU miniature of the paper's study") on real text,
+# DATASET a folder prepared with `scalevec-data prepare CORPUS --output DATASET --seq-len 256` (the corpus of
+# benchmarks/bench_data.py: the standard library and site-packages, 86 M training tokens). Every size trains 5.56
+# tokens per non-embedding parameter (so that 4x128 runs exactly 2,000 steps of 8 x 256 tokens) and is evaluated
+# once, at the end, on the same 2^19 held-out tokens. `miniature-ladder`: none, standard and unified at 2x64, 3x96
+# and 4x128 (0.51 M, 1.6 M and 4.1 M tokens), learning rates 1e-3 and 3e-3, seeds 0 and 1 (36 runs);
+# `miniature-ladder-lr`: the same at 1e-2 for the two smaller sizes (12 runs; at 3x96 1e-2 was already 0.4 nats
+# worse than 3e-3, so 4x128 was not run there); `miniature-weight-decay`: the decay variants and the decay toward 1
+# at 4x128, learning rate 3e-3, seeds 0, 1 and 2 (24 runs, 4 shared with the ladder). On the shared 2-core machine,
+# one thread and two processes: about 1, 3.5 and 10-15 minutes a run. Several processes may share the folder: FLAGs
+# `--shard 0/2` and `--shard 1/2`. The tables of RESULTS.md are `miniature-ladder --learning-rates 1e-3,3e-3,1e-2
+# --report-only true` and `miniature-weight-decay --report-only true` (each writes the folder's report).
 #
 # Usage: benchmarks/ablation.sh [DIR [GROUP [FLAG...]]]
 #   GROUP: pilot, dense-adamw-cosine, weight-decay, input-decay-1, moe-adamw-cosine, dense-muon-cosine,
 #   dense-adamw-wsd, moe-muon-cosine, moe-adamw-wsd, moe-weight-decay, muon-weight-decay, or all (default: all but the
-#   pilot, in that order, which is the order of priority); miniature-weight-decay, miniature-ladder (need DATASET).
+#   pilot, in that order, which is the order of priority); miniature-ladder, miniature-ladder-lr,
+#   miniature-weight-decay (need DATASET).
 #   FLAGs go to every scalevec-ablate call of the group and override the defaults below, e.g.
 #   `--variants standard,unified` or `--seeds 0,1`.
 set -euo pipefail
@@ -37,11 +40,13 @@ common=("${data[@]}" --max-steps "$steps" --logging-steps 10 --seeds 0,1,2 --res
 wsd=(--lr-scheduler-type warmup_stable_decay --lr-scheduler-kwargs "{\"num_decay_steps\": $((steps / 5))}")
 
 ablate() { scalevec-ablate "${common[@]}" "$@" "${extra[@]}"; }
-# The miniature reads DATASET, with its own --seq-len, and evaluates once, at the end: at 1,024 tokens a step an
-# evaluation of 2^20 tokens every 1000 steps would add about a third to the training.
-miniature=(--dataset "${DATASET:-}" --model-size tiny --per-device-train-batch-size 8 --eval-strategy no
-           --save-strategy steps --save-steps 500 --save-total-limit 1 --report-to none --disable-tqdm true
-           --scale-stats false --resume)
+# The miniature reads DATASET, with its own --seq-len, and evaluates once, at the end: at 2,048 tokens a step an
+# evaluation of 2^20 tokens every 1000 steps would add about a sixth to the training.
+miniature=(--dataset "${DATASET:-}" --model-size tiny --tokens-per-parameter 5.5555 --per-device-train-batch-size 8
+           --eval-strategy no --max-eval-tokens 524288 --save-strategy steps --save-steps 500 --save-total-limit 1
+           --logging-steps 50 --report-to none --disable-tqdm true --scale-stats false --resume
+           --output-dir "$out/miniature")
+miniature() { scalevec-ablate "${miniature[@]}" "$@" "${extra[@]}"; }
 if [[ $group == miniature-* && -z ${DATASET:-} ]]; then echo "$group needs DATASET, a prepared folder" >&2; exit 2; fi
 
 case $group in
@@ -66,13 +71,11 @@ case $group in
     # The decay variants beside the MoE's and Muon's strategies (their folders; the last call tabulates all ten).
     moe-weight-decay) ablate --variants all --model-size tiny-moe --output-dir "$out/moe-adamw-cosine" ;;
     muon-weight-decay) ablate --variants all --optim muon --output-dir "$out/dense-muon-cosine" ;;
-    miniature-weight-decay)
-        scalevec-ablate "${miniature[@]}" --variants weight-decay --max-steps 4000 --logging-steps 50 --seeds 0,1,2 \
-            --output-dir "$out/miniature-weight-decay" "${extra[@]}" ;;
-    miniature-ladder)
-        scalevec-ablate "${miniature[@]}" --sizes 2x64,3x96,4x128 --tokens-per-parameter 5 \
-            --variants none,standard,unified --learning-rates 1e-3,3e-3 --seeds 0,1 --logging-steps 20 \
-            --output-dir "$out/miniature-ladder" "${extra[@]}" ;;
+    miniature-ladder) miniature --sizes 2x64,3x96,4x128 --variants none,standard,unified --learning-rates 1e-3,3e-3 \
+        --seeds 0,1 ;;
+    miniature-ladder-lr) miniature --sizes 2x64,3x96 --variants none,standard,unified --learning-rates 1e-2 --seeds 0,1 ;;
+    miniature-weight-decay) miniature --sizes 4x128 --learning-rates 3e-3 --seeds 0,1,2 \
+        --variants weight-decay,standard-decay-to-one,unified-decay-to-one ;;
     all) for g in dense-adamw-cosine weight-decay input-decay-1 moe-adamw-cosine dense-muon-cosine dense-adamw-wsd \
                  moe-muon-cosine moe-adamw-wsd moe-weight-decay muon-weight-decay; do
              "$0" "$out" "$g" "${extra[@]}"
