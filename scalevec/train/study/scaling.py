@@ -14,7 +14,7 @@ import numpy as np
 
 from ..diagnostics import save_figure
 from .records import RunRecord
-from .summary import Key
+from .summary import Key, eval_losses
 
 SATURATING = "E + A·N^-α"
 POWER_LAW = "A·N^-α"
@@ -76,8 +76,7 @@ def scaling_fits(best: dict[Key, list[RunRecord]]) -> dict[str, ScalingFit]:
     only are left out)."""
     points = {}
     for (_, variant), runs in best.items():
-        evals = [r.eval_loss for r in runs if r.eval_loss is not None]
-        if evals:
+        if evals := list(eval_losses(runs).values()):
             points.setdefault(variant, []).append((runs[0].non_embedding_parameters, statistics.mean(evals)))
     fits = {variant: fit_scaling(*zip(*pairs)) for variant, pairs in points.items()}
     return {variant: fit for variant, fit in fits.items() if fit is not None}
@@ -111,7 +110,7 @@ def plot_scaling(best: dict[Key, list[RunRecord]], fits: dict[str, ScalingFit], 
         colour = f"C{index}"
         label = variant
         for (_, name), runs in best.items():
-            evals = [r.eval_loss for r in runs if r.eval_loss is not None]
+            evals = list(eval_losses(runs).values())
             if name != variant or not evals:
                 continue
             n = runs[0].non_embedding_parameters

@@ -54,7 +54,7 @@ def best_runs(records: list[RunRecord]) -> dict[Key, list[RunRecord]]:
 
 
 def _rank(runs: list[RunRecord]) -> tuple[int, float, float]:
-    evals = [r.eval_loss for r in runs if r.eval_loss is not None]
+    evals = list(eval_losses(runs).values())
     return -len(runs), statistics.mean(evals) if evals else math.inf, statistics.mean(r.train_loss for r in runs)
 
 
@@ -77,15 +77,15 @@ def summarise(records: list[RunRecord]) -> list[VariantSummary]:
         variant = VARIANTS[name]
         reference = best.get((size, variant.reference), [])
         differences = paired_differences(runs, reference)
-        evals = list(eval_losses(runs).values())
+        at_best = _learning_rate_result(runs[0].learning_rate, runs)
         summaries.append(
             VariantSummary(
                 size=size,
                 variant=name,
-                best_learning_rate=runs[0].learning_rate,
-                seeds=[r.seed for r in runs],
-                eval_loss_mean=statistics.mean(evals) if evals else None,
-                eval_loss_std=statistics.stdev(evals) if len(evals) > 1 else None,
+                best_learning_rate=at_best.learning_rate,
+                seeds=at_best.seeds,
+                eval_loss_mean=at_best.eval_loss_mean,
+                eval_loss_std=at_best.eval_loss_std,
                 train_loss_mean=statistics.mean(r.train_loss for r in runs),
                 reference=variant.reference if differences else None,
                 reference_learning_rate=reference[0].learning_rate if differences else None,
