@@ -308,22 +308,24 @@ class _Builder:
             names, split = self.args.eval_entries(), "train"
             options = PrepareOptions(self.seq_len, 0, 0, max_documents=self.args.max_eval_documents)
             folders = [self._prepared_folder(entry, options) for entry in names]
-            weights = [PreparedMetadata.read(folder).splits[split].blocks for folder in folders]  # as if one set
         elif self.args.held_out_every:
             names, split = [self._label(entry) for entry in entries], "eval"
         else:
             return None, None
+        splits = [PreparedMetadata.read(folder).splits for folder in folders]
+        if self.args.eval_dataset:
+            weights = [split_infos[split].blocks for split_infos in splits]  # as if one set
         sets = [
             HeldOutSet(name, PreparedBlocks(folder, split), weight)
-            for name, folder, weight in zip(set_names(names), folders, weights)
-            if split in PreparedMetadata.read(folder).splits
+            for name, folder, weight, split_infos in zip(set_names(names), folders, weights, splits)
+            if split in split_infos
         ]
         if not sets:
             return None, None
         infos = [held_out.blocks.metadata.splits[split] for held_out in sets]
         blocks, tokens = sum(info.blocks for info in infos), sum(info.tokens + info.dropped_tokens for info in infos)
-        record = {"name": self.args.eval_dataset or "documents held out of the training data", "blocks": blocks}
-        record["tokens"] = tokens
+        name = self.args.eval_dataset or "documents held out of the training data"
+        record = {"name": name, "blocks": blocks, "tokens": tokens}
         if blocks == 0:
             self.warnings.append(
                 f"no evaluation: the held-out data ({tokens} tokens) holds no complete block of --seq-len "

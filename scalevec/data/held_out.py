@@ -19,9 +19,10 @@ from torch.utils.data import Subset
 from .mixture import places
 from .prepared import PreparedBlocks
 from .sampler import evaluation_blocks
+from .sources import COMPRESSIONS, FORMATS
 
 DEFAULT_EVAL_TOKENS = 1 << 20
-_SUFFIXES = (".gz", ".bz2", ".xz", ".jsonl", ".json", ".txt", ".parquet")
+_SUFFIXES = (*COMPRESSIONS, *FORMATS)  # what a data file's name ends with
 
 
 @dataclass
