@@ -1,0 +1,175 @@
+"""The documentation (README.md and docs/): the site builds with `mkdocs build --strict` (a broken link, a missing
+page or an unknown anchor fails), every console script and subcommand has its reference generated from `--help`,
+the short commands the pages show run as written, and every flag of the other commands exists in its parser."""
+
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._helpers import corpus_texts, write_dataset
+
+ROOT = Path(__file__).parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# Commands a test can run as written once it has made the folder they name (the rest need data, a GPU or hours)
+RUNNABLE = {"scalevec-data info"}
+
+
+def _load_hook():
+    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "docs" / "hooks" / "cli_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cli_reference = _load_hook()
+
+
+@dataclass
+class Invocation:
+    page: str
+    command: str  # the console script, with its subcommand where it has them: "scalevec-data info"
+    arguments: list[str]  # what follows the command
+    line: str
+
+
+def _entry_modules() -> dict[str, str]:
+    """`scalevec.train.cli` -> `scalevec-train`: what `torchrun -m` or `python -m` runs."""
+    return {entry.partition(":")[0]: script for script, entry in cli_reference.console_scripts().items()}
+
+
+def _invocation(page: str, words: list[str], line: str) -> Invocation | None:
+    scripts = cli_reference.console_scripts()
+    if words and words[0] in scripts:
+        script, arguments = words[0], words[1:]
+    elif "-m" in words[:-1] and words[words.index("-m") + 1] in _entry_modules():
+        at = words.index("-m")
+        script, arguments = _entry_modules()[words[at + 1]], words[at + 2 :]
+    else:
+        return None
+    if cli_reference.subcommands(script):
+        if not arguments:  # the script named in prose, as `scalevec-data`
+            return None
+        return Invocation(page, f"{script} {arguments[0]}", arguments[1:], line)
+    return Invocation(page, script, arguments, line)
+
+
+def invocations() -> list[Invocation]:
+    """Every scalevec command of the pages' bash blocks and inline code: continuation lines joined, comments
+    dropped, `a && b` as two commands."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        name = str(page.relative_to(ROOT))
+        lines = [
+            line
+            for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines()
+        ]
+        inline = re.sub(r"```.*?```", "", text, flags=re.S)
+        lines += [span.replace("\n", " ") for span in re.findall(r"`(scalevec-[a-z]+ [^`]+)`", inline)]
+        for line in lines:
+            words = shlex.split(line, comments=True)
+            while words:
+                end = words.index("&&") if "&&" in words else len(words)
+                command = _invocation(name, words[:end], line)
+                if command is not None:
+                    found.append(command)
+                words = words[end + 1 :]
+    return found
+
+
+def test_the_pages_show_every_command():
+    commands = {invocation.command for invocation in invocations()}
+    scripts = set(cli_reference.console_scripts())
+    assert {command.split()[0] for command in commands} == scripts  # the parsing finds each script in use
+    assert {"scalevec-data prepare", "scalevec-data info", "scalevec-convert export"} <= commands
+
+
+def test_every_flag_in_the_documentation_exists():
+    unknown = []
+    for invocation in invocations():
+        script, *subcommand = invocation.command.split()
+        if subcommand and subcommand[0] not in cli_reference.subcommands(script):
+            unknown.append(f"{invocation.page}: {script} has no subcommand {subcommand[0]} (in {invocation.line!r})")
+            continue
+        options = cli_reference.options(invocation.command)
+        for word in invocation.arguments:
+            flag = word.split("=")[0]
+            if re.fullmatch(r"--?[A-Za-z][\w-]*", flag) and flag not in options:
+                unknown.append(f"{invocation.page}: {invocation.command} has no {flag} (in {invocation.line!r})")
+    assert not unknown, "\n".join(unknown)
+
+
+def test_the_flag_check_sees_a_mistake():
+    assert "--seq-len" in cli_reference.options("scalevec-data prepare")
+    assert "--seq-length" not in cli_reference.options("scalevec-data prepare")
+    assert {"--max-steps", "--max_steps", "--learning-rate"} <= cli_reference.options("scalevec-train")
+    assert {"--tokens-per-parameter", "--max-steps"} <= cli_reference.options("scalevec-ablate")
+    assert "--tokens-per-parameter" not in cli_reference.options("scalevec-train")
+
+
+def _run(command: str, arguments: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    """`command arguments` as its console script runs it: `main` of its entry point, `sys.argv[0]` its name."""
+    script, *subcommand = command.split()
+    monkeypatch.setattr(sys, "argv", [script, *subcommand, *arguments])
+    module, _, function = cli_reference.console_scripts()[script].partition(":")
+    main = getattr(importlib.import_module(module), function)
+    try:
+        status = main([*subcommand, *arguments])
+    except SystemExit as exit:  # argparse's --help
+        status = exit.code
+    return status, capsys.readouterr().out
+
+
+def test_short_commands_run_as_written(tmp_path, monkeypatch, capsys):
+    from scalevec.data import PrepareOptions, default_tokenizer, find_source, prepare
+
+    runnable = [i for i in invocations() if i.arguments and (i.command in RUNNABLE or i.arguments[-1] == "--help")]
+    assert any(i.command == "scalevec-data info" for i in runnable)
+    assert any(i.arguments == ["--help"] for i in runnable)
+    source = find_source(str(write_dataset(tmp_path / "raw", "jsonl", corpus_texts(60))))
+    monkeypatch.chdir(tmp_path)
+    for invocation in runnable:
+        if invocation.command == "scalevec-data info":  # the folder the page names, prepared from a small corpus
+            folder = Path(invocation.arguments[0])
+            if not folder.exists():
+                prepare([source], default_tokenizer(), PrepareOptions(seq_len=16, eval_every=5), folder)
+        status, printed = _run(invocation.command, invocation.arguments, capsys, monkeypatch)
+        assert status == 0, f"{invocation.page}: {invocation.line!r} exited {status}"
+        if invocation.arguments[-1:] == ["--help"]:
+            assert printed.startswith(f"usage: {invocation.command}")
+        else:
+            assert "train: " in printed and "checked: file sizes" in printed, printed
+
+
+def test_every_command_has_its_generated_reference_page():
+    for script in cli_reference.console_scripts():
+        page = ROOT / "docs" / "reference" / f"{script}.md"
+        assert page.is_file(), f"no reference page for {script}"
+        markers = set(cli_reference.MARKER.findall(page.read_text()))
+        expected = {script, *(f"{script} {sub}" for sub in cli_reference.subcommands(script))}
+        assert markers == expected, f"{page.name}: markers {sorted(markers)}, expected {sorted(expected)}"
+    rendered = cli_reference.render("<!-- cli-help: scalevec-data info -->")
+    assert rendered.startswith("```text\nusage: scalevec-data info [-h] [--quick] folder") and "--quick" in rendered
+
+
+def test_the_site_builds_strict(tmp_path):
+    site = tmp_path / "site"
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    page = (site / "reference" / "scalevec-convert" / "index.html").read_text()
+    assert "usage: scalevec-convert export" in page and "cli-help" not in page  # the markers became the help
+    assert (site / "pretraining" / "index.html").is_file() and (site / "design" / "index.html").is_file()
+
+
+def _python_snippet(page: Path) -> str:
+    return re.search(r"```python\n(.*?)```", page.read_text(), re.S).group(1)
+
+
+def test_getting_started_shows_the_quickstart_that_test_readme_runs():
+    assert _python_snippet(ROOT / "docs" / "getting-started.md") == _python_snippet(ROOT / "README.md")
