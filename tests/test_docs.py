@@ -50,11 +50,11 @@ def _invocation(page: str, words: list[str], line: str) -> Invocation | None:
         script, arguments = _entry_modules()[words[at + 1]], words[at + 2 :]
     else:
         return None
-    if cli_reference.subcommands(script):
-        if not arguments:  # the script named in prose, as `scalevec-data`
-            return None
-        return Invocation(page, f"{script} {arguments[0]}", arguments[1:], line)
-    return Invocation(page, script, arguments, line)
+    if not cli_reference.subcommands(script) or arguments[:1] == ["--help"]:
+        return Invocation(page, script, arguments, line)
+    if not arguments:  # the script named in prose, as `scalevec-data`
+        return None
+    return Invocation(page, f"{script} {arguments[0]}", arguments[1:], line)
 
 
 def invocations() -> list[Invocation]:
