@@ -3,19 +3,24 @@ page or an unknown anchor fails), every console script and subcommand has its re
 the short commands the pages show run as written, and every flag of the other commands exists in its parser."""
 
 import importlib.util
+import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._helpers import corpus_texts, write_dataset
+import pytest
+
+from ._helpers import corpus_texts, saved_scalevec, tiny_config, write_dataset
 
 ROOT = Path(__file__).parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-# Commands a test can run as written once it has made the folder they name (the rest need data, a GPU or hours)
-RUNNABLE = {"scalevec-data info"}
+# Commands a test runs as written once it has made the folder they read (the others need a corpus, the Hub, a GPU
+# or hours); `--help` of any command runs too
+RUNNABLE = {"scalevec-data info", "scalevec-convert fold", "scalevec-convert export", "scalevec-convert verify"}
 
 
 def _load_hook():
@@ -34,6 +39,7 @@ class Invocation:
     command: str  # the console script, with its subcommand where it has them: "scalevec-data info"
     arguments: list[str]  # what follows the command
     line: str
+    in_block: bool  # a line of a bash block, not a command named in the text
 
 
 def _entry_modules() -> dict[str, str]:
@@ -41,7 +47,7 @@ def _entry_modules() -> dict[str, str]:
     return {entry.partition(":")[0]: script for script, entry in cli_reference.console_scripts().items()}
 
 
-def _invocation(page: str, words: list[str], line: str) -> Invocation | None:
+def _invocation(page: str, words: list[str], line: str, in_block: bool) -> Invocation | None:
     scripts = cli_reference.console_scripts()
     if words and words[0] in scripts:
         script, arguments = words[0], words[1:]
@@ -51,10 +57,10 @@ def _invocation(page: str, words: list[str], line: str) -> Invocation | None:
     else:
         return None
     if not cli_reference.subcommands(script) or arguments[:1] == ["--help"]:
-        return Invocation(page, script, arguments, line)
+        return Invocation(page, script, arguments, line, in_block)
     if not arguments:  # the script named in prose, as `scalevec-data`
         return None
-    return Invocation(page, f"{script} {arguments[0]}", arguments[1:], line)
+    return Invocation(page, f"{script} {arguments[0]}", arguments[1:], line, in_block)
 
 
 def invocations() -> list[Invocation]:
@@ -64,18 +70,20 @@ def invocations() -> list[Invocation]:
     for page in PAGES:
         text = page.read_text()
         name = str(page.relative_to(ROOT))
-        lines = [
+        blocks = [
             line
             for block in re.findall(r"```bash\n(.*?)```", text, re.S)
             for line in re.sub(r"\\\n\s*", " ", block).splitlines()
         ]
-        inline = re.sub(r"```.*?```", "", text, flags=re.S)
-        lines += [span.replace("\n", " ") for span in re.findall(r"`(scalevec-[a-z]+ [^`]+)`", inline)]
-        for line in lines:
+        inline = re.findall(r"`(scalevec-[a-z]+ [^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+        for line, in_block in [
+            *((line, True) for line in blocks),
+            *((span.replace("\n", " "), False) for span in inline),
+        ]:
             words = shlex.split(line, comments=True)
             while words:
                 end = words.index("&&") if "&&" in words else len(words)
-                command = _invocation(name, words[:end], line)
+                command = _invocation(name, words[:end], line, in_block)
                 if command is not None:
                     found.append(command)
                 words = words[end + 1 :]
@@ -112,38 +120,69 @@ def test_the_flag_check_sees_a_mistake():
     assert "--tokens-per-parameter" not in cli_reference.options("scalevec-train")
 
 
-def _run(command: str, arguments: list[str], capsys, monkeypatch) -> tuple[int, str]:
-    """`command arguments` as its console script runs it: `main` of its entry point, `sys.argv[0]` its name."""
-    script, *subcommand = command.split()
-    monkeypatch.setattr(sys, "argv", [script, *subcommand, *arguments])
+@pytest.fixture
+def process_state_restored():
+    """`scalevec-convert` sets up the process it runs in (signal handlers, transformers' progress bars): in the test
+    process, put them back afterwards."""
+    from transformers.utils import logging as transformers_logging
+
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    progress_bars = transformers_logging.is_progress_bar_enabled()
+    yield
+    for number, handler in handlers.items():
+        signal.signal(number, handler)
+    if progress_bars:
+        transformers_logging.enable_progress_bar()
+
+
+def _run(invocation: Invocation, capsys, monkeypatch) -> tuple[int, str]:
+    """`invocation` as its console script runs it: `main` of its entry point, `sys.argv[0]` its name."""
+    script, *subcommand = invocation.command.split()
+    arguments = [*subcommand, *invocation.arguments]
+    monkeypatch.setattr(sys, "argv", [script, *arguments])
     module, _, function = cli_reference.console_scripts()[script].partition(":")
-    main = getattr(importlib.import_module(module), function)
     try:
-        status = main([*subcommand, *arguments])
+        status = getattr(importlib.import_module(module), function)(arguments)
     except SystemExit as exit:  # argparse's --help
         status = exit.code
     return status, capsys.readouterr().out
 
 
-def test_short_commands_run_as_written(tmp_path, monkeypatch, capsys):
-    from scalevec.data import PrepareOptions, default_tokenizer, find_source, prepare
+def _make_what_it_reads(invocation: Invocation, source) -> None:
+    """The folder a runnable command reads, where the page names it: a small prepared corpus for `scalevec-data
+    info`, a tiny ScaleVec checkpoint for a conversion (a later command of the page reads what an earlier wrote)."""
+    from scalevec.data import PrepareOptions, default_tokenizer, prepare
 
-    runnable = [i for i in invocations() if i.arguments and (i.command in RUNNABLE or i.arguments[-1] == "--help")]
-    assert any(i.command == "scalevec-data info" for i in runnable)
-    assert any(i.arguments == ["--help"] for i in runnable)
+    read = Path(invocation.arguments[0])
+    if invocation.arguments[0] == "--help" or read.exists():
+        return
+    if invocation.command == "scalevec-data info":
+        prepare([source], default_tokenizer(), PrepareOptions(seq_len=16, eval_every=5), read)
+    else:
+        saved_scalevec(read, tiny_config())
+
+
+def test_short_commands_run_as_written(tmp_path, monkeypatch, capsys, process_state_restored):
+    from scalevec.data import find_source
+
+    runnable = [i for i in invocations() if i.in_block and (i.command in RUNNABLE or i.arguments[-1:] == ["--help"])]
+    assert {"scalevec-data info", "scalevec-convert verify"} <= {i.command for i in runnable}
+    assert {i.command for i in runnable if i.arguments == ["--help"]} >= set(cli_reference.console_scripts())
     source = find_source(str(write_dataset(tmp_path / "raw", "jsonl", corpus_texts(60))))
-    monkeypatch.chdir(tmp_path)
-    for invocation in runnable:
-        if invocation.command == "scalevec-data info":  # the folder the page names, prepared from a small corpus
-            folder = Path(invocation.arguments[0])
-            if not folder.exists():
-                prepare([source], default_tokenizer(), PrepareOptions(seq_len=16, eval_every=5), folder)
-        status, printed = _run(invocation.command, invocation.arguments, capsys, monkeypatch)
-        assert status == 0, f"{invocation.page}: {invocation.line!r} exited {status}"
+    for invocation in runnable:  # each page in a folder of its own, its commands in their order
+        folder = tmp_path / invocation.page.replace("/", "-")
+        folder.mkdir(exist_ok=True)
+        monkeypatch.chdir(folder)
+        _make_what_it_reads(invocation, source)
+        status, printed = _run(invocation, capsys, monkeypatch)
+        assert status == 0, f"{invocation.page}: {invocation.line!r} exited {status}:\n{printed}"
         if invocation.arguments[-1:] == ["--help"]:
             assert printed.startswith(f"usage: {invocation.command}")
-        else:
+        elif invocation.command == "scalevec-data info":
             assert "train: " in printed and "checked: file sizes" in printed, printed
+    written = tmp_path / "docs-converting.md" / "runs"  # the converting page's commands wrote what they say
+    assert json.loads((written / "tiny-llama" / "config.json").read_text())["model_type"] == "llama"
+    assert json.loads((written / "tiny-folded" / "config.json").read_text())["folded"] is True
 
 
 def test_every_command_has_its_generated_reference_page():
