@@ -94,6 +94,8 @@ def invocations() -> list[Invocation]:
 def test_the_pages_show_every_command():
     commands = {invocation.command for invocation in invocations()}
     scripts = set(cli_reference.console_scripts())
+    named = {name for page in PAGES for name in re.findall(r"\b(scalevec-[a-z]+)\b", page.read_text())}
+    assert named <= scripts, f"not console scripts: {named - scripts}"
     assert {command.split()[0] for command in commands} == scripts  # the parsing finds each script in use
     assert {"scalevec-data prepare", "scalevec-data info", "scalevec-convert export"} <= commands
 
