@@ -24,3 +24,14 @@ def test_every_command_the_readme_names_is_a_console_script_of_the_package():
     extra = re.fullmatch(r'python -m pip install -e "\.\[(\w+)\]"', install).group(1)
     assert extra in tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert run.split()[0] == "scalevec-quickstart"
+
+
+def test_readme_is_a_short_front_door_with_a_link_for_each_task():
+    text = README.read_text()
+    assert len(text.splitlines()) < 200  # the details live in docs/, one page a task
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    missing = [link for link in links if not link.startswith("http") and not (README.parent / link).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
+    tasks = {"pretraining", "data", "evaluation", "study", "converting", "serving"}
+    assert {f"docs/{task}.md" for task in tasks} <= set(links)
+    assert "benchmarks/RESULTS.md" in links
