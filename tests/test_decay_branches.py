@@ -35,7 +35,7 @@ def wsd(decay: int = DECAY) -> list[str]:
 
 
 def argv(output: Path, *flags: str, steps: int = STEPS, decay: int = DECAY) -> list[str]:
-    return train_argv(output, *wsd(decay), "--scale-preset", "standard", *flags, steps=steps)
+    return train_argv(output, *wsd(decay), "--scale-preset", "standard", "--scale-stats", "false", *flags, steps=steps)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,13 @@ def test_a_finished_run_with_an_unfinished_branch_resumes_the_branch(runs, steps
 
 def test_ablate_branches_every_grid_point_and_resumes_unfinished_branches(runs, steps_taken, tmp_path):
     root = tmp_path / "ablation"
-    flags = ["--variants", "standard", "--decay-at", "0.5,1", *train_argv(root, *wsd(), steps=STEPS)]
+    flags = [
+        "--variants",
+        "standard",
+        "--decay-at",
+        "0.5,1",
+        *train_argv(root, *wsd(), "--scale-stats", "false", steps=STEPS),
+    ]
     assert ablate.main(flags) == 0
     point = root / "tiny" / "standard-lr0.001-seed42"
     assert eval_loss(point / "budget-0.5") == pytest.approx(eval_loss(runs["separate"]), abs=1e-6)

@@ -150,9 +150,8 @@ def markdown_table(rows: list[BudgetRow]) -> str:
     cells = {(g.size, g.tokens, g.variant): g for g in table}
     for size, parameters, tokens, fraction in budgets:
         values = [_cell(cells.get((size, tokens, variant))) for variant in variants]
-        lines.append(
-            f"| {size} | {parameters:,} | {fraction:g} | {tokens:,} | {tokens / parameters:.3g} | {' | '.join(values)} |"
-        )
+        budget = f"| {size} | {parameters:,} | {fraction:g} | {tokens:,} | {tokens / parameters:.3g} |"
+        lines.append(f"{budget} {' | '.join(values)} |")
     return "\n".join(lines)
 
 
