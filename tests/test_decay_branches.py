@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from scalevec.train import ablate
+from scalevec.train.branches import Budget, plan_budgets, resolve_decay_fraction
 from scalevec.train.cli import main
 from scalevec.train.study.budgets import budget_rows, read_budgets
-from scalevec.train.trainer import ScaleVecTrainer
+from scalevec.train.trainer import ScaleVecTrainer, ScaleVecTrainingArguments
 
 from ._helpers import log_history, logged_losses, train_argv
 
@@ -22,7 +23,7 @@ STEPS, WARMUP, DECAY = 20, 2, 4  # the main run: decay ratio 4/20
 TOKENS_PER_STEP = 4 * 32  # batch 4 x seq 32 (`train_argv`)
 
 
-def wsd(decay: int = DECAY) -> list[str]:
+def wsd(decay: float = DECAY) -> list[str]:
     schedule = json.dumps({"num_decay_steps": decay})
     return [
         "--lr-scheduler-type",
@@ -199,3 +200,31 @@ def test_bad_decay_at_values_are_refused_naming_the_flag(case, tmp_path, capsys)
     error = capsys.readouterr().err
     assert error.startswith("scalevec-train: error: ") and message in error, error
     assert not output.exists()  # refused before anything was written
+
+
+def test_a_cooldown_given_as_a_fraction_is_the_same_share_of_every_run(tmp_path):
+    """`num_decay_steps` 0.2 is 20 % of each run's steps, as --warmup-steps 0.05 is 5 %: a study's sizes under
+    --tokens-per-parameter run for different numbers of steps, and each budget gets the same share as cooldown."""
+    arguments = ScaleVecTrainingArguments(
+        output_dir=str(tmp_path), max_steps=20, lr_scheduler_type="warmup_stable_decay", warmup_steps=2,
+        lr_scheduler_kwargs={"num_decay_steps": 0.2}, decay_at="0.25,0.5,1", report_to="none",
+    )  # fmt: skip
+    assert plan_budgets(arguments, max_steps=40) == [Budget(0.25, 10, 2), Budget(0.5, 20, 4)]
+    resolved = resolve_decay_fraction(arguments)
+    assert resolved.lr_scheduler_kwargs == {"num_decay_steps": 4}
+    assert plan_budgets(resolved) == [Budget(0.25, 5, 1), Budget(0.5, 10, 2)]
+    assert [b.branch_step for b in plan_budgets(resolved)] == [4, 8]
+
+
+def test_ablate_refuses_a_size_whose_branch_cannot_start_before_anything_trains(tmp_path, capsys):
+    """At 0.5 tokens a parameter the size 1x16 runs 13 steps (2x32: 104): its 0.25 budget's cooldown would start
+    inside the warmup."""
+    root = tmp_path / "ablation"
+    flags = ["--sizes", "1x16,2x32", "--tokens-per-parameter", "0.5", "--decay-at", "0.25,1"]
+    flags += train_argv(root, *wsd(0.2), "--warmup-steps", "3", "--config-overrides", "{}", steps=-1)
+    assert ablate.main(flags) == 1
+    assert capsys.readouterr().err == (
+        "scalevec-ablate: error: --decay-at 0.25: a budget of 3 of the 13 steps gets a cooldown of 1 steps (decay "
+        "ratio 3/13), starting at step 2; it needs at least one step of cooldown, starting after the 3 warmup steps\n"
+    )
+    assert not root.exists()

@@ -75,11 +75,12 @@ def plan_budgets(args: TrainingArguments, max_steps: int | None = None) -> list[
     if steps <= 0:
         raise ValueError(f"{FLAG} takes fractions of the run's --max-steps: give --max-steps")
     kwargs = args.lr_scheduler_kwargs or {}
-    decay = kwargs.get("num_decay_steps")
+    decay = _decay_steps(kwargs.get("num_decay_steps"), steps)
     if "num_stable_steps" in kwargs or not isinstance(decay, int) or not 0 < decay <= steps:
         raise ValueError(
             f"{FLAG} needs the main run's cooldown as --lr-scheduler-kwargs '{{\"num_decay_steps\": N}}' with "
-            f"0 < N <= --max-steps (and no num_stable_steps): each budget's cooldown is the same fraction of it"
+            f"0 < N <= --max-steps, or a fraction of it (and no num_stable_steps): each budget's cooldown is the "
+            "same fraction of it"
         )
     warmup = args.get_warmup_steps(steps)
     budgets = []
@@ -96,6 +97,25 @@ def plan_budgets(args: TrainingArguments, max_steps: int | None = None) -> list[
             raise ValueError(f"{FLAG}: {budgets[-1].fraction:g} and {fraction:g} are the same {total} steps")
         budgets.append(budget)
     return budgets
+
+
+def resolve_decay_fraction(args: TrainingArguments) -> TrainingArguments:
+    """`args` with a WSD `num_decay_steps` given as a fraction (< 1) of --max-steps turned into steps, as
+    --warmup-steps takes one: the cooldown of runs whose length differs (a study's sizes under
+    --tokens-per-parameter) is then the same share of each. transformers' schedule takes steps only. The budgets of
+    --decay-at take the resolved ratio (round(x·T) / T), which their `training_args.json` records in steps."""
+    kwargs = args.lr_scheduler_kwargs
+    decay = kwargs.get("num_decay_steps") if isinstance(kwargs, dict) else None
+    if SchedulerType(args.lr_scheduler_type) != _SCHEDULER or not isinstance(decay, float) or not 0 < decay < 1:
+        return args
+    if args.max_steps <= 0:
+        raise ValueError(f"--lr-scheduler-kwargs num_decay_steps {decay:g} is a fraction of --max-steps: give it")
+    return replace(args, lr_scheduler_kwargs={**kwargs, "num_decay_steps": _decay_steps(decay, args.max_steps)})
+
+
+def _decay_steps(value, steps: int):
+    """`num_decay_steps` in steps: a fraction (0 < value < 1) of `steps` rounded, else `value` as given."""
+    return round(value * steps) if isinstance(value, float) and 0 < value < 1 else value
 
 
 def unfinished_budgets(output_dir: str | Path, args: TrainingArguments, max_steps: int | None = None) -> list[Budget]:

@@ -33,7 +33,14 @@ from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..data import DataArguments, PackedBlockCollator, build_training_data, check_vocabulary, load_tokenizer
 from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, logged_entries
-from .branches import add_branch_points, branch_runs, describe_budgets, plan_budgets, restore_branch_points
+from .branches import (
+    add_branch_points,
+    branch_runs,
+    describe_budgets,
+    plan_budgets,
+    resolve_decay_fraction,
+    restore_branch_points,
+)
 from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES, SIZE_RULE, size_fields
 from .report import describe_summary, plan, summary
@@ -132,6 +139,7 @@ def train(
     created and left empty. Another run on the same output folder is refused while this one lives. With
     --decay-at, each smaller budget then trains its cooldown in a folder of its own (`branches.py`)."""
     output_dir = Path(training_args.output_dir)
+    training_args = resolve_decay_fraction(training_args)
     plan_budgets(training_args)  # refuses --decay-at values before anything is written
     with removed_if_left_empty(output_dir), holding_output_dir(output_dir, training_args.process_index == 0):
         if model_args.resume and training_args.process_index == 0:
