@@ -153,6 +153,21 @@ def test_a_finished_run_with_an_unfinished_branch_resumes_the_branch(runs, steps
     assert steps_taken == {}
 
 
+def test_a_branch_without_a_checkpoint_to_start_from_is_refused(runs, steps_taken, tmp_path, capsys):
+    """A run that finished without --decay-at saved no checkpoint at step 8: asked for the budget 0.5 afterwards,
+    it says so instead of training 10 steps from scratch."""
+    finished = tmp_path / "plain"
+    shutil.copytree(runs["plain"], finished)
+    steps_taken.clear()
+    assert main(argv(finished, "--decay-at", "0.5,1", "--resume", "true")) == 1
+    assert capsys.readouterr().err == (
+        f"scalevec-train: error: --decay-at 0.5: {finished / 'budget-0.5'} holds no checkpoint to branch from, nor "
+        f"does {finished} hold checkpoint-8 (a run with --decay-at saves it at that step; one without it, or a "
+        "--save-total-limit before it was linked, leaves none): train the budget of 10 steps as a run of its own\n"
+    )
+    assert steps_taken == {} and not (finished / "budget-0.5").exists()
+
+
 def test_ablate_branches_every_grid_point_and_resumes_unfinished_branches(runs, steps_taken, tmp_path):
     root = tmp_path / "ablation"
     flags = [
@@ -189,6 +204,10 @@ REFUSED = {
         "at step 4; it needs at least one step of cooldown, starting after the 6 warmup steps",
     ),
     "no cooldown": (["--decay-at", "0.1,1"], "a budget of 2 of the 20 steps gets a cooldown of 0 steps"),
+    "no optimizer state": (
+        ["--decay-at", "0.5,1", "--save-only-model", "true"],
+        "--decay-at resumes each branch with the optimizer state: not with --save-only-model",
+    ),
 }
 
 

@@ -74,6 +74,8 @@ def plan_budgets(args: TrainingArguments, max_steps: int | None = None) -> list[
         )
     if steps <= 0:
         raise ValueError(f"{FLAG} takes fractions of the run's --max-steps: give --max-steps")
+    if args.save_only_model:
+        raise ValueError(f"{FLAG} resumes each branch with the optimizer state: not with --save-only-model")
     kwargs = args.lr_scheduler_kwargs or {}
     decay = _decay_steps(kwargs.get("num_decay_steps"), steps)
     if "num_stable_steps" in kwargs or not isinstance(decay, int) or not 0 < decay <= steps:
@@ -145,9 +147,10 @@ def branch_runs(args: TrainingArguments) -> Iterator[TrainingArguments]:
         folder = budget.folder(args.output_dir)
         if not any(folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*")):
             raise ValueError(
-                f"{FLAG} {budget.fraction:g}: {folder} holds no checkpoint to branch from; the main run saves it at "
-                f"step {budget.branch_step} ({_checkpoint(args.output_dir, budget).name}), which is no longer in "
-                f"{args.output_dir}: run the budget of {budget.max_steps} steps on its own"
+                f"{FLAG} {budget.fraction:g}: {folder} holds no checkpoint to branch from, nor does {args.output_dir} "
+                f"hold {_name(budget)} (a run with {FLAG} saves it at that step; one without it, or a "
+                f"--save-total-limit before it was linked, leaves none): train the budget of {budget.max_steps} "
+                "steps as a run of its own"
             )
         yield branch_arguments(args, budget)
 
