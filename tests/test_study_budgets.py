@@ -84,6 +84,14 @@ def test_resampling_is_over_seeds_not_points():
     assert low - 1e-4 < TRUTH["alpha"] < high + 1e-4 and high - low < 2e-3
 
 
+def test_an_irreducible_loss_at_the_bound_of_the_search_is_named():
+    """Without an irreducible loss (E = 0) the fit puts E on the search's lower bound, 0.001, and says so."""
+    fit = fit_surface(ladder(seeds=[0], truth={**TRUTH, "E": 0.0}))
+    assert fit.at_bound == ["E"] and fit.estimates["E"] == pytest.approx(1e-3)
+    assert fit.estimates["alpha"] == pytest.approx(TRUTH["alpha"], abs=0.01)
+    assert "at a bound of the search: E" in describe({"unified": fit})
+
+
 @pytest.mark.parametrize(
     "sizes, fractions, expected",
     [

@@ -174,7 +174,7 @@ class SurfaceFit:
     reason: str | None = None  # why not tested, or why no intervals
     estimates: dict[str, float] = field(default_factory=dict)  # E, A, alpha, B, beta
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # 95 %, percentile bootstrap
-    at_bound: list[str] = field(default_factory=list)  # parameters that ended on a bound of the search
+    at_bound: list[str] = field(default_factory=list)  # parameters (of PARAMETERS) on a bound of the search
     points: int = 0
     sizes: int = 0
     seeds: int = 0
@@ -212,7 +212,7 @@ def fit_surface(rows: list[BudgetRow], resamples: int = RESAMPLES, seed: int = 0
     theta = _best_fit(data, _grid_starts(data, _STARTS))
     fit = SurfaceFit(variant, FITTED, points=len(rows), sizes=len(budgets_per_size), seeds=len(data.seeds))
     fit.estimates = _estimates(theta)
-    fit.at_bound = [name for name, value, bound in zip(_NAMES, theta, _BOUNDS) if _on_bound(value, bound)]
+    fit.at_bound = [name for name, value, bound in zip(_FITTED, theta, _BOUNDS) if _on_bound(value, bound)]
     residuals = _log_prediction(_centered(theta, data), data)[0] - data.log_loss
     fit.rms_log_residual = float(np.sqrt(np.mean(residuals**2)))
     if len(data.seeds) < MIN_SEEDS_FOR_INTERVALS:
@@ -247,7 +247,7 @@ def describe(fits: dict[str, SurfaceFit]) -> str:
         if fit.resamples:
             notes.append(f"{fit.resamples} resamples")
         if fit.at_bound:
-            notes.append(f"at a bound of the search: {', '.join(_SYMBOLS[_PUBLIC[n]] for n in fit.at_bound)}")
+            notes.append(f"at a bound of the search: {', '.join(_SYMBOLS[name] for name in fit.at_bound)}")
         if fit.reason:
             notes.append(fit.reason)
         lines.append(f"- **{variant}**: {'; '.join(parts)} ({'; '.join(notes)})")
@@ -255,8 +255,7 @@ def describe(fits: dict[str, SurfaceFit]) -> str:
 
 
 _SYMBOLS = {"E": "E", "A": "A", "alpha": "α", "B": "B", "beta": "β"}
-_NAMES = ("a", "alpha", "b", "beta", "e")  # the fitted coordinates, in `theta`'s order
-_PUBLIC = {"a": "A", "alpha": "alpha", "b": "B", "beta": "beta", "e": "E"}
+_FITTED = ("A", "alpha", "B", "beta", "E")  # what each of `theta`'s coordinates (a, α, b, β, e) gives
 
 
 def _interval_text(fit: SurfaceFit, name: str) -> str:
