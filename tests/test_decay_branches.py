@@ -107,7 +107,8 @@ def test_branches_cost_their_cooldown_only(runs, steps_taken):
 
 
 def test_read_budgets_gives_each_budget_its_tokens_and_eval_loss(runs):
-    budgets = read_budgets(runs["branched"])
+    main_run, branch = runs["branched"], runs["branched"] / "budget-0.5"
+    budgets = read_budgets(main_run)
     assert [(b.fraction, b.tokens) for b in budgets] == [(0.5, 10 * TOKENS_PER_STEP), (1.0, STEPS * TOKENS_PER_STEP)]
     assert [b.eval_loss for b in budgets] == [eval_loss(runs["branched"] / "budget-0.5"), eval_loss(runs["branched"])]
 
@@ -118,6 +119,8 @@ def test_read_budgets_gives_each_budget_its_tokens_and_eval_loss(runs):
     assert [(r.fraction, r.tokens, r.loss, r.seed) for r in rows] == [
         (b.fraction, b.tokens, b.eval_loss, 42) for b in budgets
     ]
+    perplexities = [json.loads((b / "all_results.json").read_text())["eval_perplexity"] for b in (branch, main_run)]
+    assert [row.loss for row in budget_rows([Run()], metric="eval_perplexity")] == perplexities
 
 
 def copy_of(run: Path, destination: Path, keep: list[str]) -> Path:

@@ -55,10 +55,10 @@ class BudgetRow:
     fraction: float = 1.0
 
 
-def read_budgets(run_folder: str | Path) -> list[BudgetRecord]:
+def read_budgets(run_folder: str | Path, metric: str = "eval_loss") -> list[BudgetRecord]:
     """The finished budgets of the run in `run_folder`, fewest tokens first: each finished `budget-F` branch and
-    the run itself (fraction 1) where it finished; tokens as the run counted them, the final eval loss (None where
-    nothing was held out)."""
+    the run itself (fraction 1) where it finished; tokens as the run counted them, the final eval metric `metric`
+    (e.g. the loss on the held-out half the report uses; None where it was not evaluated)."""
     run_folder = Path(run_folder)
     folders = [(1.0, run_folder)]
     for branch in run_folder.glob(f"{BRANCH_PREFIX}*"):
@@ -72,17 +72,17 @@ def read_budgets(run_folder: str | Path) -> list[BudgetRecord]:
             continue
         records = read_run_records(folder)
         tokens = int((records.summary or {}).get("tokens_seen") or records.state.get("num_input_tokens_seen", 0))
-        budgets.append(BudgetRecord(fraction, tokens, records.eval_metrics.get("eval_loss"), str(folder)))
+        budgets.append(BudgetRecord(fraction, tokens, records.eval_metrics.get(metric), str(folder)))
     return sorted(budgets, key=lambda budget: budget.tokens)
 
 
-def budget_rows(runs: Iterable) -> list[BudgetRow]:
+def budget_rows(runs: Iterable, metric: str = "eval_loss") -> list[BudgetRow]:
     """The rows of every finished budget of `runs` (the study's `RunRecord`s: `variant`, `size`, `seed`,
-    `non_embedding_parameters`, `output_dir`) that has a finite eval loss. Pass the runs at each size's and
-    variant's selected learning rate."""
+    `non_embedding_parameters`, `output_dir`) whose eval metric `metric` is finite. Pass the runs at each size's
+    and variant's selected learning rate."""
     rows = []
     for run in runs:
-        for budget in read_budgets(run.output_dir):
+        for budget in read_budgets(run.output_dir, metric):
             if budget.eval_loss is not None and math.isfinite(budget.eval_loss):
                 rows.append(
                     BudgetRow(
