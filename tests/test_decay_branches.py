@@ -156,6 +156,17 @@ def test_a_finished_run_with_an_unfinished_branch_resumes_the_branch(runs, steps
     assert steps_taken == {}
 
 
+def test_a_branch_point_outlives_the_rotation_of_the_main_runs_checkpoints(runs, tmp_path):
+    """--save-total-limit 1 deletes the main run's checkpoint-8 once checkpoint-12 is saved: the branch's link to
+    it stays, and the branch is still the separate run."""
+    output = tmp_path / "rotated"
+    flags = ["--decay-at", "0.5,1", "--save-strategy", "steps", "--save-steps", "6", "--save-total-limit", "1"]
+    assert main(argv(output, *flags)) == 0
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-20"]
+    assert eval_loss(output / "budget-0.5") == pytest.approx(eval_loss(runs["separate"]), abs=1e-6)
+    assert eval_loss(output) == pytest.approx(eval_loss(runs["plain"]), abs=1e-6)
+
+
 def test_a_branch_without_a_checkpoint_to_start_from_is_refused(runs, steps_taken, tmp_path, capsys):
     """A run that finished without --decay-at saved no checkpoint at step 8: asked for the budget 0.5 afterwards,
     it says so instead of training 10 steps from scratch."""
