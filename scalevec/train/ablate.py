@@ -25,6 +25,7 @@ from pathlib import Path
 from ..atomic import exit_status
 from ..configuration_scalevec import SCALE_FIELDS
 from ..data import DataArguments
+from .branches import plan_budgets, unfinished_budgets
 from .cli import ModelArguments, _check_output_dir, _config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
 from .study.grid import Grid, GridPoint, build_sizes
@@ -167,13 +168,19 @@ def run_ablation(
     if chosen:
         raise ValueError(f"--{chosen[0].replace('_', '-')}: scalevec-ablate sets the scale strategy per variant")
     grid = build_grid(ablation, model_args, data_args, training_args)
+    for size in grid.sizes:  # --decay-at's budgets of every size, checked before anything trains
+        plan_budgets(training_args, size.max_steps)
     steps = [size.max_steps for size in grid.sizes if size.max_steps > 0]
     if training_args.logging_steps >= 1 and steps and min(steps) < training_args.logging_steps:
         raise ValueError("--logging-steps exceeds --max-steps: no training loss would be logged to compare")
     root = Path(training_args.output_dir)
     index, count = ablation.shard_index()
     share = grid.shard(index, count)
-    finished = [point for point in share if is_finished(grid, point, root)]
+    finished = [
+        point
+        for point in share
+        if is_finished(grid, point, root) and not _unfinished_branches(grid, point, root, training_args)
+    ]
     todo = [] if ablation.report_only else [p for p in share if not (model_args.resume and p in finished)]
     for point in todo:  # before anything trains: a folder of the grid that holds files needs --resume
         _check_output_dir(point.folder(root), model_args.resume)
@@ -232,6 +239,11 @@ def _train(
     )
     model = replace(model_args, model_size=size.preset, config_overrides=size.config_overrides, **variant.model)
     train(model, data_args, args)
+
+
+def _unfinished_branches(grid: Grid, point: GridPoint, root: Path, training_args: ScaleVecTrainingArguments) -> bool:
+    """Whether a budget that --decay-at branches from `point`'s run has yet to finish its cooldown."""
+    return bool(unfinished_budgets(point.folder(root), training_args, grid.size(point.size).max_steps))
 
 
 ABLATE_ARGUMENTS = (AblationArguments, ModelArguments, DataArguments, ScaleVecTrainingArguments)

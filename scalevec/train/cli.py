@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from transformers import HfArgumentParser, TrainerState
@@ -33,6 +33,14 @@ from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..data import DataArguments, PackedBlockCollator, build_training_data, check_vocabulary, load_tokenizer
 from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, logged_entries
+from .branches import (
+    add_branch_points,
+    branch_runs,
+    describe_budgets,
+    plan_budgets,
+    resolve_decay_fraction,
+    restore_branch_points,
+)
 from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES, SIZE_RULE, size_fields
 from .report import describe_summary, plan, summary
@@ -128,10 +136,18 @@ def train(
 ):
     """Build tokenizer, model and data, train, evaluate on the held-out split, save; returns a `TrainResult`.
     With `lora_args`, an adapter trains and is what the run saves. A failure leaves no output folder that this call
-    created and left empty. Another run on the same output folder is refused while this one lives."""
+    created and left empty. Another run on the same output folder is refused while this one lives. With
+    --decay-at, each smaller budget then trains its cooldown in a folder of its own (`branches.py`)."""
     output_dir = Path(training_args.output_dir)
+    training_args = resolve_decay_fraction(training_args)
+    plan_budgets(training_args)  # refuses --decay-at values before anything is written
     with removed_if_left_empty(output_dir), holding_output_dir(output_dir, training_args.process_index == 0):
-        return _train(model_args, data_args, training_args, lora_args or LoraArguments())
+        if model_args.resume and training_args.process_index == 0:
+            restore_branch_points(training_args)
+        result = _train(model_args, data_args, training_args, lora_args or LoraArguments())
+        for branch_args in branch_runs(training_args):
+            train(replace(model_args, resume=True), data_args, branch_args, lora_args)
+        return result
 
 
 def _train(
@@ -186,8 +202,11 @@ def _train(
         processing_class=tokenizer,
         seq_len=data.seq_len,
     )
+    add_branch_points(trainer, training_args)
     if training_args.should_log:
         print(plan(trainer.model, training_args, data), flush=True)
+        if budgets := describe_budgets(training_args):
+            print(budgets, flush=True)
     metrics = _run(trainer, checkpoint)
     if data.eval is not None:
         metrics.update(_final_evaluation(trainer))

@@ -58,6 +58,14 @@ class ScaleVecTrainingArguments(TrainingArguments):
         default="cosine", metadata={"help": "cosine, cosine_with_min_lr, warmup_stable_decay, linear, constant, ..."}
     )
     warmup_steps: float = field(default=0.05, metadata={"help": "Warmup steps, or a fraction (< 1) of all steps."})
+    decay_at: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated fractions of --max-steps (e.g. 0.25,0.5,1): with --lr-scheduler-type "
+            "warmup_stable_decay, each smaller budget branches its cooldown from the stable phase into "
+            "OUTPUT/budget-F, costing its cooldown only (scalevec/train/branches.py)."
+        },
+    )
     logging_steps: float = field(default=10, metadata={"help": "Log every n steps (or a fraction of all steps)."})
     eval_strategy: str = field(
         default="steps",

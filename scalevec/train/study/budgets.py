@@ -1,0 +1,394 @@
+"""Loss against tokens: the budgets that `--decay-at` branches from each run, a table of them per size, and a fit
+of L(N, D) = E + A·N^-α + B·D^-β over sizes and budgets, with bootstrap intervals.
+
+The fit is Chinchilla's approach 3 as Besiroglu et al. (2024) redid it: log L is fitted by
+LSE(a - α·log N, b - β·log D, e) (A = e^a, B = e^b, E = e^e) with a Huber loss (δ = 1e-3) on the residuals of log L,
+by L-BFGS-B from the best starts of a grid, every run a point. Its intervals resample seeds, not points: a seed's
+runs share their data order and initial weights, so its points are not independent. With fewer than 4 sizes of 3
+budgets each the fit is "not tested"; with fewer than 3 seeds it has no interval. Pure functions over `BudgetRow`s,
+apart from `read_budgets` and `budget_rows`, which read them from run folders."""
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ...run_records import read_run_records
+from ..branches import BRANCH_PREFIX
+from ..resume import finished_step
+
+MIN_SIZES, MIN_BUDGETS = 4, 3  # sizes with at least MIN_BUDGETS budgets each
+MIN_SEEDS_FOR_INTERVALS = 3
+HUBER_DELTA = 1e-3
+RESAMPLES = 200
+FITTED, NOT_TESTED = "fitted", "not tested"
+PARAMETERS = ("E", "A", "alpha", "B", "beta")
+# The search's bounds on (a, alpha, b, beta, e) (E from 1e-3 to e^5); a fit that ends on one is reported.
+_BOUNDS = ((None, None), (0.0, 3.0), (None, None), (0.0, 3.0), (math.log(1e-3), 5.0))
+_GRID = (0.05, 0.15, 0.3, 0.5, 0.8, 1.2)  # starts of α and β
+_STARTS = 4  # grid starts refined on all the data (the best of the grid by the Huber loss)
+
+
+@dataclass(frozen=True)
+class BudgetRecord:
+    """One budget of a run folder: the run itself (fraction 1) or a branch of it (`budget-F`)."""
+
+    fraction: float
+    tokens: int
+    eval_loss: float | None
+    output_dir: str
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    """One run's loss at one budget: a point of the fit."""
+
+    variant: str
+    size: str
+    non_embedding_parameters: int
+    tokens: int
+    seed: int
+    loss: float
+    fraction: float = 1.0
+
+
+def read_budgets(run_folder: str | Path, metric: str = "eval_loss") -> list[BudgetRecord]:
+    """The finished budgets of the run in `run_folder`, fewest tokens first: each finished `budget-F` branch and
+    the run itself (fraction 1) where it finished; tokens as the run counted them, the final eval metric `metric`
+    (e.g. the loss on the held-out half the report uses; None where it was not evaluated)."""
+    run_folder = Path(run_folder)
+    folders = [(1.0, run_folder)]
+    for branch in run_folder.glob(f"{BRANCH_PREFIX}*"):
+        try:
+            folders.append((float(branch.name.removeprefix(BRANCH_PREFIX)), branch))
+        except ValueError:  # not a branch of --decay-at: someone's own folder
+            continue
+    budgets = []
+    for fraction, folder in folders:
+        if finished_step(folder, 0) is None:
+            continue
+        records = read_run_records(folder)
+        tokens = int((records.summary or {}).get("tokens_seen") or records.state.get("num_input_tokens_seen", 0))
+        budgets.append(BudgetRecord(fraction, tokens, records.eval_metrics.get(metric), str(folder)))
+    return sorted(budgets, key=lambda budget: budget.tokens)
+
+
+def budget_rows(runs: Iterable, metric: str = "eval_loss") -> list[BudgetRow]:
+    """The rows of every finished budget of `runs` (the study's `RunRecord`s: `variant`, `size`, `seed`,
+    `non_embedding_parameters`, `output_dir`) whose eval metric `metric` is finite. Pass the runs at each size's
+    and variant's selected learning rate."""
+    rows = []
+    for run in runs:
+        for budget in read_budgets(run.output_dir, metric):
+            if budget.eval_loss is not None and math.isfinite(budget.eval_loss):
+                rows.append(
+                    BudgetRow(
+                        run.variant,
+                        run.size,
+                        run.non_embedding_parameters,
+                        budget.tokens,
+                        run.seed,
+                        budget.eval_loss,
+                        budget.fraction,
+                    )
+                )
+    return rows
+
+
+# --- loss against tokens ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class LossAtBudget:
+    """The losses of one variant at one size and budget, over seeds."""
+
+    variant: str
+    size: str
+    non_embedding_parameters: int
+    tokens: int
+    fraction: float
+    losses: dict[int, float]  # seed -> loss
+
+    @property
+    def mean(self) -> float:
+        return statistics.mean(self.losses.values())
+
+    @property
+    def spread(self) -> float | None:
+        """The standard deviation over seeds (None with one seed)."""
+        return statistics.stdev(self.losses.values()) if len(self.losses) > 1 else None
+
+
+def loss_table(rows: list[BudgetRow]) -> list[LossAtBudget]:
+    """The rows grouped by variant, size and budget; sizes from the fewest parameters, budgets from the fewest
+    tokens."""
+    groups: dict[tuple, LossAtBudget] = {}
+    for row in rows:
+        key = (row.variant, row.size, row.tokens)
+        group = groups.setdefault(
+            key, LossAtBudget(row.variant, row.size, row.non_embedding_parameters, row.tokens, row.fraction, {})
+        )
+        group.losses[row.seed] = row.loss
+    return sorted(groups.values(), key=lambda g: (g.non_embedding_parameters, g.size, g.tokens, g.variant))
+
+
+def markdown_table(rows: list[BudgetRow]) -> str:
+    """Final eval loss against training tokens: one line per size and budget, one column per variant (mean ± the
+    standard deviation over seeds, and their number)."""
+    if not rows:
+        return "No budgets with an eval loss: nothing to tabulate."
+    table = loss_table(rows)
+    variants = list(dict.fromkeys(row.variant for row in rows))
+    lines = [
+        f"| size | N | budget | tokens | tokens / N | {' | '.join(variants)} |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(variants),
+    ]
+    budgets = dict.fromkeys((g.size, g.non_embedding_parameters, g.tokens, g.fraction) for g in table)
+    cells = {(g.size, g.tokens, g.variant): g for g in table}
+    for size, parameters, tokens, fraction in budgets:
+        values = [_cell(cells.get((size, tokens, variant))) for variant in variants]
+        budget = f"| {size} | {parameters:,} | {fraction:g} | {tokens:,} | {tokens / parameters:.3g} |"
+        lines.append(f"{budget} {' | '.join(values)} |")
+    return "\n".join(lines)
+
+
+def _cell(group: LossAtBudget | None) -> str:
+    if group is None:
+        return "–"
+    spread = f" ± {group.spread:.4f}" if group.spread is not None else ""
+    return f"{group.mean:.4f}{spread} ({len(group.losses)})"
+
+
+# --- the fit of L(N, D) -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class SurfaceFit:
+    """L(N, D) = E + A·N^-α + B·D^-β for one variant, or why it was not fitted."""
+
+    variant: str
+    status: str  # FITTED or NOT_TESTED
+    reason: str | None = None  # why not tested, or why no intervals
+    estimates: dict[str, float] = field(default_factory=dict)  # E, A, alpha, B, beta
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # 95 %, percentile bootstrap
+    at_bound: list[str] = field(default_factory=list)  # parameters (of PARAMETERS) on a bound of the search
+    points: int = 0
+    sizes: int = 0
+    seeds: int = 0
+    resamples: int = 0
+    rms_log_residual: float | None = None
+
+    def predict(self, parameters, tokens) -> np.ndarray:
+        e = self.estimates
+        n, d = np.asarray(parameters, dtype=float), np.asarray(tokens, dtype=float)
+        return e["E"] + e["A"] * n ** -e["alpha"] + e["B"] * d ** -e["beta"]
+
+
+def fit_surface(rows: list[BudgetRow], resamples: int = RESAMPLES, seed: int = 0) -> SurfaceFit:
+    """The fit over `rows` (one variant's; every run's loss at every budget a point) with 95 % intervals from
+    `resamples` bootstrap samples of its seeds (random generator seeded by `seed`); "not tested" with fewer than 4
+    sizes of 3 budgets each, no intervals with fewer than 3 seeds."""
+    variants = sorted({row.variant for row in rows})
+    if len(variants) > 1:
+        raise ValueError(f"fit_surface fits one variant at a time; got {', '.join(variants)} (use fit_surfaces)")
+    variant = variants[0] if variants else ""
+    rows = [row for row in rows if math.isfinite(row.loss) and row.loss > 0]
+    budgets_per_size: dict[str, set[int]] = {}
+    for row in rows:
+        budgets_per_size.setdefault(row.size, set()).add(row.tokens)
+    enough = [size for size, budgets in budgets_per_size.items() if len(budgets) >= MIN_BUDGETS]
+    if len(enough) < MIN_SIZES:
+        shape = ", ".join(f"{size}: {len(b)}" for size, b in budgets_per_size.items()) or "no runs"
+        return SurfaceFit(
+            variant,
+            NOT_TESTED,
+            f"needs {MIN_SIZES} sizes with {MIN_BUDGETS} budgets or more each; has {len(enough)} "
+            f"(budgets per size: {shape})",
+        )
+    data = _Data.of(rows)
+    theta = _best_fit(data, _grid_starts(data, _STARTS))
+    fit = SurfaceFit(variant, FITTED, points=len(rows), sizes=len(budgets_per_size), seeds=len(data.seeds))
+    fit.estimates = _estimates(theta)
+    fit.at_bound = [name for name, value, bound in zip(_FITTED, theta, _BOUNDS) if _on_bound(value, bound)]
+    residuals = _log_prediction(_centered(theta, data), data)[0] - data.log_loss
+    fit.rms_log_residual = float(np.sqrt(np.mean(residuals**2)))
+    if len(data.seeds) < MIN_SEEDS_FOR_INTERVALS:
+        fit.reason = f"no intervals: {len(data.seeds)} seed(s), the bootstrap over seeds needs 3 or more"
+        return fit
+    fit.intervals, fit.resamples = _bootstrap(rows, data.seeds, theta, resamples, seed), resamples
+    return fit
+
+
+def fit_surfaces(rows: list[BudgetRow], resamples: int = RESAMPLES, seed: int = 0) -> dict[str, SurfaceFit]:
+    """`fit_surface` for each variant of `rows`, in their order."""
+    by_variant: dict[str, list[BudgetRow]] = {}
+    for row in rows:
+        by_variant.setdefault(row.variant, []).append(row)
+    return {variant: fit_surface(group, resamples, seed) for variant, group in by_variant.items()}
+
+
+def describe(fits: dict[str, SurfaceFit]) -> str:
+    """The fits as markdown: per variant its estimates with their 95 % intervals, or why it was not tested."""
+    lines = [
+        "L(N, D) = E + A·N^-α + B·D^-β (N: non-embedding parameters, D: training tokens); Huber loss (δ = 1e-3) on "
+        "log L over every run's final eval loss at every budget; 95 % intervals: percentile bootstrap over seeds.",
+        "",
+    ]
+    for variant, fit in fits.items():
+        if fit.status == NOT_TESTED:
+            lines.append(f"- **{variant}**: not tested ({fit.reason})")
+            continue
+        parts = [f"{_SYMBOLS[name]} = {_interval_text(fit, name)}" for name in PARAMETERS]
+        notes = [f"{fit.points} points, {fit.sizes} sizes, {fit.seeds} seeds"]
+        notes.append(f"rms residual of log L {fit.rms_log_residual:.2g}")
+        if fit.resamples:
+            notes.append(f"{fit.resamples} resamples")
+        if fit.at_bound:
+            notes.append(f"at a bound of the search: {', '.join(_SYMBOLS[name] for name in fit.at_bound)}")
+        if fit.reason:
+            notes.append(fit.reason)
+        lines.append(f"- **{variant}**: {'; '.join(parts)} ({'; '.join(notes)})")
+    return "\n".join(lines)
+
+
+_SYMBOLS = {"E": "E", "A": "A", "alpha": "α", "B": "B", "beta": "β"}
+_FITTED = ("A", "alpha", "B", "beta", "E")  # what each of `theta`'s coordinates (a, α, b, β, e) gives
+
+
+def _interval_text(fit: SurfaceFit, name: str) -> str:
+    value = f"{fit.estimates[name]:.4g}"
+    if name in fit.intervals:
+        low, high = fit.intervals[name]
+        value += f" [{low:.4g}, {high:.4g}]"
+    return value
+
+
+@dataclass
+class _Data:
+    """The points, log N and log D about their means: a and α (b and β) are then nearly uncorrelated, and L-BFGS-B
+    converges in a few dozen steps instead of hundreds."""
+
+    log_n: np.ndarray  # centred
+    log_d: np.ndarray  # centred
+    log_loss: np.ndarray
+    centres: tuple[float, float]
+    seeds: list[int]
+
+    @classmethod
+    def of(cls, rows: list[BudgetRow]) -> "_Data":
+        log_n, log_d = np.log([r.non_embedding_parameters for r in rows]), np.log([r.tokens for r in rows])
+        centres = float(log_n.mean()), float(log_d.mean())
+        loss = np.log([row.loss for row in rows])
+        return cls(log_n - centres[0], log_d - centres[1], loss, centres, sorted({row.seed for row in rows}))
+
+
+def _centered(theta: np.ndarray, data: _Data) -> np.ndarray:
+    """(a, α, b, β, e) as the coordinates `_huber` takes: a and b at the centred log N and log D."""
+    a, alpha, b, beta, e = theta
+    return np.array([a - alpha * data.centres[0], alpha, b - beta * data.centres[1], beta, e])
+
+
+def _uncentered(phi: np.ndarray, data: _Data) -> np.ndarray:
+    a, alpha, b, beta, e = phi
+    return np.array([a + alpha * data.centres[0], alpha, b + beta * data.centres[1], beta, e])
+
+
+def _log_prediction(phi: np.ndarray, data: _Data) -> tuple[np.ndarray, np.ndarray]:
+    """log L̂ at each point and the softmax weights of its three terms (for the gradient), `phi` centred."""
+    a, alpha, b, beta, e = phi
+    terms = np.stack([a - alpha * data.log_n, b - beta * data.log_d, np.full_like(data.log_n, e)])
+    top = terms.max(axis=0)
+    weights = np.exp(terms - top)
+    total = weights.sum(axis=0)
+    return top + np.log(total), weights / total
+
+
+def _huber(phi: np.ndarray, data: _Data) -> tuple[float, np.ndarray]:
+    """The Huber loss of the log residuals (divided by δ, which changes no minimum) and its gradient in the
+    centred coordinates `phi`."""
+    prediction, weights = _log_prediction(phi, data)
+    residual = prediction - data.log_loss
+    small = np.abs(residual) <= HUBER_DELTA
+    loss = np.where(small, 0.5 * residual**2 / HUBER_DELTA, np.abs(residual) - 0.5 * HUBER_DELTA).sum()
+    slope = np.clip(residual / HUBER_DELTA, -1.0, 1.0)
+    gradient = np.array(
+        [
+            (slope * weights[0]).sum(),
+            -(slope * weights[0] * data.log_n).sum(),
+            (slope * weights[1]).sum(),
+            -(slope * weights[1] * data.log_d).sum(),
+            (slope * weights[2]).sum(),
+        ]
+    )
+    return float(loss), gradient
+
+
+def _grid_starts(data: _Data, count: int) -> list[np.ndarray]:
+    """The `count` best starts of a grid of α and β, each with the E, A and B of the least squares in L (not
+    negative) at those exponents."""
+    from scipy.optimize import nnls
+
+    loss = np.exp(data.log_loss)
+    starts = []
+    for alpha in _GRID:
+        for beta in _GRID:
+            design = np.stack([np.exp(-alpha * data.log_n), np.exp(-beta * data.log_d), np.ones_like(loss)], axis=1)
+            (coefficient_n, coefficient_d, floor), _ = nnls(design, loss)
+            floor = min(max(floor, 1e-3), float(loss.min()))
+            logs = [math.log(max(value, 1e-8)) for value in (coefficient_n, coefficient_d)]
+            starts.append(np.array([logs[0], alpha, logs[1], beta, math.log(floor)]))  # centred
+    starts.sort(key=lambda phi: _huber(phi, data)[0])
+    return [_uncentered(phi, data) for phi in starts[:count]]
+
+
+def _best_fit(data: _Data, starts: list[np.ndarray]) -> np.ndarray:
+    from scipy.optimize import minimize
+
+    best = None
+    for start in starts:
+        result = minimize(
+            _huber,
+            _centered(start, data),
+            args=(data,),
+            jac=True,
+            method="L-BFGS-B",
+            bounds=_BOUNDS,
+            options={"maxiter": 1000, "ftol": 1e-12, "gtol": 1e-8},
+        )
+        if best is None or result.fun < best.fun:
+            best = result
+    return _uncentered(best.x, data)
+
+
+def _bootstrap(
+    rows: list[BudgetRow], seeds: list[int], theta: np.ndarray, resamples: int, seed: int
+) -> dict[str, tuple[float, float]]:
+    """95 % percentile intervals of the parameters over fits to `resamples` samples of the seeds (drawn with
+    replacement, each drawn seed bringing all its runs), each started from the fit to all the data."""
+    generator = np.random.default_rng(seed)
+    by_seed = {s: [row for row in rows if row.seed == s] for s in seeds}
+    samples = []
+    for _ in range(resamples):
+        drawn = generator.choice(seeds, size=len(seeds), replace=True)
+        data = _Data.of([row for s in drawn for row in by_seed[int(s)]])
+        samples.append(_estimates(_best_fit(data, [theta])))
+    return {
+        name: (
+            float(np.percentile([s[name] for s in samples], 2.5)),
+            float(np.percentile([s[name] for s in samples], 97.5)),
+        )
+        for name in PARAMETERS
+    }
+
+
+def _estimates(theta: np.ndarray) -> dict[str, float]:
+    a, alpha, b, beta, e = (float(value) for value in theta)
+    return {"E": math.exp(e), "A": math.exp(a), "alpha": alpha, "B": math.exp(b), "beta": beta}
+
+
+def _on_bound(value: float, bound: tuple[float | None, float | None]) -> bool:
+    low, high = bound
+    return low is not None and (value - low < 1e-6 * (high - low) or high - value < 1e-6 * (high - low))
