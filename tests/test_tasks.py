@@ -330,6 +330,7 @@ def test_training_scores_the_tasks_at_each_evaluation(model_dir, tmp_path):
     assert summary["eval_mc_acc"] == evaluations[-1]["eval_mc_acc"]
     plan = next(line for line in printed.getvalue().splitlines() if line.startswith("tasks "))
     assert "mc 12 of 30 items, other 12 of 20 items" in plan and "% of the training compute" in plan
+    assert f"  mc         acc {evaluations[-1]['eval_mc_acc']:.4f}, acc_norm" in printed.getvalue()  # the end
 
     tokenizer = default_tokenizer()
     (mc,) = load_tasks([str(model_dir / "mc.jsonl")], 12)

@@ -10,7 +10,15 @@ from pathlib import Path
 import torch
 
 from ..data import TrainingData
-from ..run_records import duration_text, logged_entries, loss_coverage, segments_text, whole_run
+from ..run_records import (
+    TASK_FIGURES,
+    TASKS_MEAN,
+    duration_text,
+    logged_entries,
+    loss_coverage,
+    segments_text,
+    whole_run,
+)
 from .task_scoring import request_tokens
 from .tasks import Task
 from .throughput import device_peak_flops
@@ -207,6 +215,19 @@ def _evaluation_lines(evaluation: dict) -> list[str]:
         lines.append(f"{label} {', '.join(parts)}")
     if "eval_runtime" in evaluation:
         lines[0] += f" in {duration_text(evaluation['eval_runtime'])}"
+    return lines + _task_lines(evaluation)
+
+
+def _task_lines(evaluation: dict) -> list[str]:
+    """Each multiple-choice task's scores (`eval_<task>_acc`, ...), then their mean over the tasks."""
+    names = [key[5:-6] for key in evaluation if key.endswith("_items")]
+    if f"eval_{TASKS_MEAN}_acc" in evaluation:
+        names.append(TASKS_MEAN)
+    lines = []
+    for name in names:
+        acc, acc_norm, bpb = (evaluation[f"eval_{name}_{figure}"] for figure in TASK_FIGURES)
+        items = f", {evaluation[f'eval_{name}_items']:,} items" if f"eval_{name}_items" in evaluation else " (mean)"
+        lines.append(f"  {name:<10} acc {acc:.4f}, acc_norm {acc_norm:.4f}, {bpb:.3f} bits per byte{items}")
     return lines
 
 
