@@ -153,6 +153,7 @@ BAD_LINES = {
     "gold out of range": ('{"context": "a", "choices": ["b", "c"], "gold": 2}', '"gold" must be an index into the 2'),
     "empty choices": ('{"context": "a", "choices": [], "gold": 0}', '"choices" must be a non-empty list'),
     "a list": ('["a", "b"]', "not a JSON object but a list"),
+    "not UTF-8": (b'{"context": "\xe9", "choices": ["b"], "gold": 0}', "not UTF-8 text"),
 }
 
 
@@ -160,7 +161,8 @@ BAD_LINES = {
 def test_a_bad_task_file_fails_in_one_line_naming_file_and_line(tmp_path, case):
     line, reason = BAD_LINES[case]
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"context": "x", "choices": ["y", "z"], "gold": 1}\n\n' + line + "\n")
+    line = line if isinstance(line, bytes) else line.encode()
+    path.write_bytes(b'{"context": "x", "choices": ["y", "z"], "gold": 1}\n\n' + line + b"\n")
     with pytest.raises(TaskError) as raised:
         load_tasks([str(path)])
     message = str(raised.value)

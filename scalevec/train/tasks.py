@@ -198,7 +198,7 @@ def _load_builtin(name: str, examples: int) -> Task:
 def read_task_file(path: Path) -> list[TaskItem]:
     """Every item of a jsonl task file; a bad line is a `TaskError` naming the file and line."""
     items = []
-    with open(path, encoding="utf-8") as lines:
+    with open(path, "rb") as lines:
         for number, line in enumerate(lines, start=1):
             if line.strip():
                 items.append(_parse_item(line, f"{path}:{number}"))
@@ -207,9 +207,11 @@ def read_task_file(path: Path) -> list[TaskItem]:
     return items
 
 
-def _parse_item(line: str, where: str) -> TaskItem:
+def _parse_item(line: bytes, where: str) -> TaskItem:
     try:
-        record = json.loads(line)
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise TaskError(f"{where}: not UTF-8 text") from None
     except ValueError as error:
         raise TaskError(f"{where}: not a JSON object ({error})") from None
     if not isinstance(record, dict):

@@ -206,6 +206,8 @@ class ScaleVecTrainer(Trainer):
             # The pretraining default evaluates periodically; with nothing held out there is nothing to evaluate.
             bound.arguments["args"] = replace(training_args, eval_strategy="no")
         super().__init__(*bound.args[1:], **bound.kwargs)
+        if self.tasks and self.processing_class is None:
+            raise ValueError("scoring tasks needs the tokenizer: pass it as processing_class")
         if self.args.torch_compile:
             _install_output_hooks(self.model)
         callbacks = self.callback_handler.callbacks
