@@ -89,7 +89,10 @@ def _held_out_figures(sums: torch.Tensor) -> dict[str, float] | None:
 
 def describe(result: EvaluationResult) -> str:
     """The results as a table."""
-    lines = [f"== scalevec-eval: {result.model} ==", f"{'task':<20} {'items':>7} {'acc':>8} {'acc_norm':>9} {'bpb':>8}"]
+    lines = [
+        f"== scalevec-eval: {result.model} ==",
+        f"{'task':<20} {'items':>7} {'acc':>8} {'acc_norm':>9} {'bpb':>8}",
+    ]
     for name, score in result.tasks.items():
         lines.append(
             f"{name:<20} {score['items']:>7,} {score['acc']:>8.4f} {score['acc_norm']:>9.4f} {score['bpb']:>8.4f}"
@@ -130,7 +133,14 @@ def _run(args: argparse.Namespace) -> None:
     tokenizer, model = _load(args.model, device)
     held_out = _held_out(args, tokenizer, model, rank) if args.eval_dataset else None
     result = evaluate_model(
-        model, tokenizer, tasks, held_out, name=args.model, batch_size=args.batch_size, rank=rank, world_size=world_size
+        model,
+        tokenizer,
+        tasks,
+        held_out,
+        name=args.model,
+        batch_size=args.batch_size,
+        rank=rank,
+        world_size=world_size,
     )
     if rank == 0:
         print(describe(result), flush=True)
