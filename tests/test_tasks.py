@@ -221,6 +221,13 @@ def test_batched_scores_equal_one_request_at_a_time(model_dir):
         assert scored[index] == pytest.approx(expected, abs=1e-4)
 
 
+def test_a_continuation_longer_than_the_model_is_refused(model_dir):
+    model = ScaleVecForCausalLM.from_pretrained(model_dir / "model")
+    item = TaskItem("Q:", ("short", " ".join(["cat"] * 200)), 0)
+    with pytest.raises(ValueError, match=r"a continuation of \d+ tokens exceeds the model.s 128: . cat cat"):
+        dict(TaskEvaluation(default_tokenizer()).loglikelihoods(model, [item]))
+
+
 def test_acc_acc_norm_and_bits_per_byte_of_an_item():
     item = TaskItem("Q:", ("a", "bbbb", "cc"), gold=1)
     acc, acc_norm, bpb, count = item_scores(item, [-2.0, -4.0, -3.0])

@@ -48,7 +48,7 @@ def scored_text(context: str, continuation: str) -> str:
 
 def model_length(model: torch.nn.Module, default: int = 2048) -> int:
     """The longest input a model takes, found as lm-eval's HFLM finds it."""
-    config = getattr(model, "config", None)
+    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)  # DDP's
     for attribute in ("n_positions", "max_position_embeddings", "n_ctx"):
         if (value := getattr(config, attribute, None)) is not None:
             return value
@@ -101,6 +101,11 @@ class TaskEvaluation:
             scores[index] = [None] * len(items[index].choices)
             for choice, (context, continuation) in enumerate(items[index].requests()):
                 context_ids, continuation_ids = encode_pair(self.tokenizer, context, continuation)
+                if len(continuation_ids) > length:
+                    raise ValueError(
+                        f"a continuation of {len(continuation_ids)} tokens exceeds the model's {length}: "
+                        f"{continuation[:60]!r}..."
+                    )
                 whole = (context_ids + continuation_ids)[-(length + 1) :]
                 pending.append(_Request(index, choice, whole[:-1], continuation_ids))
                 if len(pending) == self.batch_size:
@@ -115,11 +120,14 @@ class TaskEvaluation:
     def _flush(self, model, pending: list[_Request], scores: dict) -> Iterator[tuple[int, list[float]]]:
         """Score the pending requests; yield each item whose choices are all scored, and forget it."""
         logits = self._forward(model, [request.inputs for request in pending])
+        sums = []
         for row, request in zip(logits, pending):
             end = len(request.inputs)
             targets = torch.tensor(request.continuation, device=row.device)
             log_probs = F.log_softmax(row[end - len(targets) : end].float(), dim=-1)
-            scores[request.item][request.choice] = log_probs.gather(-1, targets[:, None]).sum().item()
+            sums.append(log_probs.gather(-1, targets[:, None]).sum())
+        for request, loglikelihood in zip(pending, torch.stack(sums).tolist()):  # one device sync a batch
+            scores[request.item][request.choice] = loglikelihood
         done = sorted({request.item for request in pending if None not in scores[request.item]})
         pending.clear()
         for index in done:
