@@ -353,3 +353,16 @@ def test_training_scores_the_tasks_at_each_evaluation(model_dir, tmp_path):
     text = card.read_text()
     assert f"mc (12 items) | accuracy {evaluations[-1]['eval_mc_acc']:.4f}" in text
     assert "mean of the 2 tasks" in text and "eval mc acc" not in text
+
+
+def test_two_training_processes_log_what_one_process_scores_on_the_saved_model(model_dir, tmp_path):
+    run = tmp_path / "run"
+    flags = ["--eval-tasks", str(model_dir / "mc.jsonl"), "--task-examples", "20", "--dataloader-num-workers", "0"]
+    result = run_torchrun("-m", "scalevec.train.cli", *train_argv(run, *flags, steps=2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (logged,) = [entry for entry in log_history(run) if "eval_loss" in entry]
+    (task,) = load_tasks([str(model_dir / "mc.jsonl")], 20)
+    alone = evaluate_model(ScaleVecForCausalLM.from_pretrained(run), default_tokenizer(), [task]).tasks["mc"]
+    assert logged["eval_mc_items"] == alone["items"] == 20
+    assert (logged["eval_mc_acc"], logged["eval_mc_acc_norm"]) == (alone["acc"], alone["acc_norm"])
+    assert logged["eval_mc_bpb"] == pytest.approx(alone["bpb"], rel=1e-5)
