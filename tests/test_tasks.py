@@ -188,6 +188,29 @@ def test_an_offline_builtin_name_fails_in_one_line_naming_the_file_to_pass(tmp_p
     assert "pass arc_easy.jsonl instead" in errors[0] and "--export-task arc_easy arc_easy.jsonl" in errors[0]
 
 
+def test_a_builtin_task_and_its_exported_file_score_the_same_items(tmp_path, monkeypatch, capsys):
+    """The offline route: `--export-task` writes the whole split, and the file gives the built-in's subset."""
+    import datasets
+
+    rows = [dict(BUILTIN_ROWS["hellaswag"], ctx_a=f"Step {i}.", label=str(i % 4)) for i in range(40)]
+    asked = []
+
+    def hub(path, name, split, revision):
+        asked.append((path, name, split, revision))
+        return datasets.Dataset.from_list(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    exported = tmp_path / "hellaswag.jsonl"
+    assert evaluate_main(["--export-task", "hellaswag", str(exported)]) == 0
+    assert "wrote the 40 items of Rowan/hellaswag at 218ec52" in capsys.readouterr().out
+    assert len(exported.read_text().splitlines()) == 40
+    builtin, from_file = load_tasks(["hellaswag"], 10)[0], load_tasks([str(exported)], 10)[0]
+    assert builtin.name == from_file.name == "hellaswag" and builtin.available == from_file.available == 40
+    assert builtin.items == from_file.items and len(builtin.items) == 10
+    assert builtin.items[0] == hellaswag_item(rows[int(builtin.items[0].context.split("Step ")[1].split(".")[0])])
+    assert asked[0] == ("Rowan/hellaswag", None, "validation", BUILTIN_TASKS["hellaswag"].revision)
+
+
 def test_the_subset_is_fixed_spread_and_nested(tmp_path):
     path = write_task(tmp_path / "many.jsonl", 200)
     everything = load_tasks([str(path)], 10_000)[0].items
