@@ -315,27 +315,29 @@ def test_two_processes_score_what_one_does(model_dir, tmp_path):
     assert one["held_out"]["loss"] == pytest.approx(two["held_out"]["loss"], rel=1e-6)
 
 
-def test_a_scalevec_folder_and_its_llama_export_score_equal(model_dir, tmp_path):
+@pytest.mark.parametrize("target", ["llama", "qwen3"])
+def test_a_scalevec_folder_and_its_stock_export_score_equal(model_dir, tmp_path, target):
+    """Qwen3 normalises q and k: its source model has QK-norm (the fixture's has none, for Llama)."""
     from scalevec.convert.cli import main as convert_main
 
-    assert convert_main(["export", str(model_dir / "model"), str(tmp_path / "llama"), "--to", "llama", "-q"]) == 0
-    assert json.loads((tmp_path / "llama" / "config.json").read_text())["model_type"] == "llama"
-    flags = [
-        "--tasks",
-        f"{model_dir / 'mc.jsonl'}",
-        "--eval-dataset",
-        str(model_dir / "held.jsonl"),
-        "--seq-len",
-        "32",
-    ]
-    for name in ("model", "llama"):
-        folder = model_dir / "model" if name == "model" else tmp_path / "llama"
-        assert evaluate_main([str(folder), *flags, "--output", str(tmp_path / f"{name}.json")]) == 0
-    scalevec, llama = _scores(tmp_path / "model.json"), _scores(tmp_path / "llama.json")
-    assert scalevec["tasks"]["mc"]["acc"] == llama["tasks"]["mc"]["acc"]
-    assert scalevec["tasks"]["mc"]["acc_norm"] == llama["tasks"]["mc"]["acc_norm"]
-    assert scalevec["tasks"]["mc"]["bpb"] == pytest.approx(llama["tasks"]["mc"]["bpb"], rel=1e-5)
-    assert scalevec["held_out"]["loss"] == pytest.approx(llama["held_out"]["loss"], rel=1e-5)
+    source = model_dir / "model"
+    if target == "qwen3":
+        source = tmp_path / "source"
+        config = ScaleVecConfig.from_pretrained(model_dir / "model", qk_norm=True)
+        model = ScaleVecForCausalLM(config)
+        randomize_scales(model, seed=1)
+        model.save_pretrained(source)
+        default_tokenizer().save_pretrained(source)
+    assert convert_main(["export", str(source), str(tmp_path / target), "--to", target, "-q"]) == 0
+    assert json.loads((tmp_path / target / "config.json").read_text())["model_type"] == target
+    flags = ["--tasks", str(model_dir / "mc.jsonl"), "--eval-dataset", str(model_dir / "held.jsonl")]
+    for name, folder in (("scalevec", source), ("export", tmp_path / target)):
+        assert evaluate_main([str(folder), *flags, "--seq-len", "32", "--output", str(tmp_path / f"{name}.json")]) == 0
+    scalevec, export = _scores(tmp_path / "scalevec.json"), _scores(tmp_path / "export.json")
+    assert scalevec["tasks"]["mc"]["acc"] == export["tasks"]["mc"]["acc"]
+    assert scalevec["tasks"]["mc"]["acc_norm"] == export["tasks"]["mc"]["acc_norm"]
+    assert scalevec["tasks"]["mc"]["bpb"] == pytest.approx(export["tasks"]["mc"]["bpb"], rel=1e-5)
+    assert scalevec["held_out"]["loss"] == pytest.approx(export["held_out"]["loss"], rel=1e-5)
 
 
 # --- the training loop ---------------------------------------------------------------------------------------
