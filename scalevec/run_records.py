@@ -15,6 +15,10 @@ TRAINING_DATA = "training_data.json"  # what `scalevec-train` trained on: source
 RUN_SUMMARY = "run_summary.json"  # how `scalevec-train` ended: losses, evaluation, hardware, throughput
 # Eval keys that describe the evaluation run rather than the model.
 EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+# What each multiple-choice task scored at an evaluation logs (`eval_<task>_<figure>`, `eval_<task>_items`), and
+# the name of their mean over the tasks (`eval_tasks_<figure>`): scalevec/train/task_scoring.py.
+TASK_FIGURES = ("acc", "acc_norm", "bpb")
+TASKS_MEAN = "tasks"
 # The entry of a trainer state's `stateful_callbacks` that holds the run's clock (`RunClock`): the callback's name.
 RUN_CLOCK = "ThroughputCallback"
 
@@ -165,6 +169,11 @@ def _trainer_state_file(run_dir: Path) -> Path | None:
         return run_dir / TRAINER_STATE
     checkpoints = [p for p in run_dir.glob(f"checkpoint-*/{TRAINER_STATE}") if p.parent.name[11:].isdigit()]
     return max(checkpoints, key=lambda p: int(p.parent.name[11:]), default=None)
+
+
+def is_task_metric(key: str) -> bool:
+    """Whether a logged `eval_*` figure is a multiple-choice task's rather than the held-out loss's."""
+    return key.startswith("eval_") and key.endswith(tuple(f"_{figure}" for figure in (*TASK_FIGURES, "items")))
 
 
 def _eval_metrics(record: dict) -> dict[str, float]:

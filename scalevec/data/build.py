@@ -17,7 +17,14 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from .checks import prepared_tokenizer, verify
 from .corpus import cache_dir, default_corpus_file, default_tokenizer
-from .held_out import DEFAULT_EVAL_TOKENS, HeldOutSet, evaluation_sets, parse_token_budget, set_names
+from .held_out import (
+    DEFAULT_EVAL_TOKENS,
+    DEFAULT_TASK_EXAMPLES,
+    HeldOutSet,
+    evaluation_sets,
+    parse_token_budget,
+    set_names,
+)
 from .mixture import WeightedMixture
 from .preparation import prepare
 from .prepared import (
@@ -103,10 +110,22 @@ class DataArguments:
             "restart after every end-of-text token, with no attention mask (transformers' padding-free path)."
         },
     )
+    eval_tasks: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated multiple-choice tasks scored at every evaluation beside the held-out loss "
+            "(eval_<task>_acc, _acc_norm, _bpb): built-in names (hellaswag, arc_easy, arc_challenge, piqa, "
+            'winogrande, sciq) or jsonl files of {"context": ..., "choices": [...], "gold": i} lines.'
+        },
+    )
+    task_examples: int = field(
+        default=DEFAULT_TASK_EXAMPLES,
+        metadata={"help": "Items of each task an evaluation scores: a fixed subset, the same at every evaluation."},
+    )
 
     def __post_init__(self):
         at_least = {"seq_len": 2, "max_documents": 1, "num_proc": 1, "stream_window": 1}
-        at_least |= {"eval_every": 0, "max_eval_documents": 0}
+        at_least |= {"eval_every": 0, "max_eval_documents": 0, "task_examples": 1}
         for name, lowest in at_least.items():
             value = getattr(self, name)
             if value is not None and value < lowest:
@@ -225,6 +244,19 @@ def check_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> Non
             f"{vocab_size}: ids from {vocab_size} on would have no embedding. Use a model with vocab_size >= "
             f"{len(tokenizer)} (--config-overrides '{{\"vocab_size\": {len(tokenizer)}}}') or another tokenizer"
         )
+
+
+def build_held_out_data(
+    args: DataArguments, tokenizer: PreTrainedTokenizerBase, progress: bool = True
+) -> tuple[dict | None, dict | None]:
+    """The held-out sets of `--eval-dataset` alone, as a training run's evaluation reads them (prepared once, the
+    same `--max-eval-tokens` subset), by name, and their record; no sets (None) where they hold no block."""
+    if not args.eval_dataset:
+        raise ValueError("build_held_out_data reads --eval-dataset; none was given")
+    sets, record = _Builder(args, tokenizer, args.resolved_seq_len(), progress)._evaluation([], [], [])
+    if sets is not None and not isinstance(sets, dict):
+        sets = {record["sets"][0]["name"]: sets}
+    return sets, record
 
 
 def build_training_data(
@@ -412,7 +444,8 @@ class _Builder:
         return f"{_display_name(name)} ({len(self.tokenizer):,} tokens)"
 
     def _label(self, entry: str) -> str:
-        return EMBEDDED if self.args.dataset is None else entry
+        # An --eval-dataset file is named as given, also when the training data is the embedded corpus.
+        return EMBEDDED if self.args.dataset is None and entry == str(default_corpus_file()) else entry
 
 
 def _display_name(tokenizer_name: str) -> str:

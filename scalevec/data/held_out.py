@@ -22,6 +22,7 @@ from .sampler import evaluation_blocks
 from .sources import COMPRESSIONS, FORMATS
 
 DEFAULT_EVAL_TOKENS = 1 << 20
+DEFAULT_TASK_EXAMPLES = 500  # items of each multiple-choice task an evaluation scores (scalevec/train/tasks.py)
 _SUFFIXES = (*COMPRESSIONS, *FORMATS)  # what a data file's name ends with
 
 

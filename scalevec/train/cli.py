@@ -52,6 +52,7 @@ from .resume import (
     remove_leftovers,
 )
 from .run_lock import LOCK_NAME, holding_output_dir
+from .tasks import Task, load_tasks, parse_task_list
 from .trainer import STAGING_SUFFIX, NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
 
 
@@ -187,6 +188,7 @@ def _train(
     with training_args.main_process_first(desc="dataset"):
         rank, world_size = training_args.process_index, training_args.world_size
         data = build_training_data(data_args, tokenizer, seed, rank, world_size, progress=training_args.should_log)
+        tasks = _tasks(data_args, data)
     if training_args.should_log:
         for note in data.notes:
             print(note, flush=True)
@@ -201,10 +203,11 @@ def _train(
         data_collator=PackedBlockCollator(tokenizer.eos_token_id, data_args.document_masking, flatten),
         processing_class=tokenizer,
         seq_len=data.seq_len,
+        tasks=tasks,
     )
     add_branch_points(trainer, training_args)
     if training_args.should_log:
-        print(plan(trainer.model, training_args, data), flush=True)
+        print(plan(trainer.model, training_args, data, tasks, tokenizer), flush=True)
         if budgets := describe_budgets(training_args):
             print(budgets, flush=True)
     metrics = _run(trainer, checkpoint)
@@ -216,6 +219,15 @@ def _train(
         written = sorted(path.name for path in output_dir.iterdir() if not path.name.startswith("."))
         print(describe_summary(figures, written), flush=True)
     return TrainResult(output_dir, metrics, _picture(output_dir))
+
+
+def _tasks(data_args: DataArguments, data) -> list[Task]:
+    """`--eval-tasks`, scored at each evaluation of the held-out data."""
+    if not data_args.eval_tasks:
+        return []
+    if data.eval is None:
+        raise ValueError("--eval-tasks are scored at each evaluation of held-out data, and this run holds none out")
+    return load_tasks(parse_task_list(data_args.eval_tasks), data_args.task_examples)
 
 
 def _resume_point(model_args: ModelArguments, training_args: ScaleVecTrainingArguments) -> CheckpointContent | None:

@@ -4,12 +4,23 @@ logged) and, at its end, what happened (losses, evaluation, throughput, where ev
 
 import math
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from ..data import TrainingData
-from ..run_records import duration_text, logged_entries, loss_coverage, segments_text, whole_run
+from ..run_records import (
+    TASK_FIGURES,
+    TASKS_MEAN,
+    duration_text,
+    logged_entries,
+    loss_coverage,
+    segments_text,
+    whole_run,
+)
+from .task_scoring import request_tokens
+from .tasks import Task
 from .throughput import device_peak_flops
 
 
@@ -78,8 +89,8 @@ def _data_line(source: dict) -> str:
     return line
 
 
-def plan(model: torch.nn.Module, args, data: TrainingData) -> str:
-    """The start-of-run block."""
+def plan(model: torch.nn.Module, args, data: TrainingData, tasks: Sequence[Task] = (), tokenizer=None) -> str:
+    """The start-of-run block (with `tasks`, what scoring them costs, their requests tokenised by `tokenizer`)."""
     total, without_embeddings, scales = parameter_counts(model)
     config = getattr(model, "get_base_model", lambda: model)().config
     per_step, steps = tokens_per_step(args, data.seq_len), planned_steps(args, data)
@@ -96,6 +107,10 @@ def plan(model: torch.nn.Module, args, data: TrainingData) -> str:
     ]
     lines += [f"data         {_data_line(source)}" for source in data.record["sources"]]
     lines.append(f"held out     {_evaluation_line(args, data, steps * per_step)}")
+    if tasks:
+        lines.append(
+            f"tasks        {_tasks_line(tasks, tokenizer, evaluations_planned(args, steps), steps * per_step)}"
+        )
     saving = "none (--save-strategy no)" if args.save_strategy == "no" else _checkpoint_cadence(args)
     lines.append(f"checkpoints  {saving}")
     peak = peak_flops(args)
@@ -132,6 +147,17 @@ def _evaluation_line(args, data: TrainingData, train_tokens: int) -> str:
         f"{held_out['name']}: {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks); each evaluation reads "
         f"{evaluated:,} tokens ({held_out['evaluated_blocks']:,} blocks{per_set}, {subset}; --max-eval-tokens), "
         f"{when}, about {share:.2g} % of the training compute"
+    )
+
+
+def _tasks_line(tasks: Sequence[Task], tokenizer, evaluations: int, train_tokens: int) -> str:
+    """The tasks each evaluation scores, and their share of the training compute (a forward of every request)."""
+    tokens = request_tokens(tokenizer, tasks)
+    names = ", ".join(f"{task.name} {len(task.items):,} of {task.available:,} items" for task in tasks)
+    share = 100 * evaluations * tokens / (3 * train_tokens)
+    return (
+        f"{names} (--task-examples); each evaluation feeds {tokens:,} tokens of requests, "
+        f"about {share:.2g} % of the training compute"
     )
 
 
@@ -189,6 +215,19 @@ def _evaluation_lines(evaluation: dict) -> list[str]:
         lines.append(f"{label} {', '.join(parts)}")
     if "eval_runtime" in evaluation:
         lines[0] += f" in {duration_text(evaluation['eval_runtime'])}"
+    return lines + _task_lines(evaluation)
+
+
+def _task_lines(evaluation: dict) -> list[str]:
+    """Each multiple-choice task's scores (`eval_<task>_acc`, ...), then their mean over the tasks."""
+    names = [key[5:-6] for key in evaluation if key.endswith("_items")]
+    if f"eval_{TASKS_MEAN}_acc" in evaluation:
+        names.append(TASKS_MEAN)
+    lines = []
+    for name in names:
+        acc, acc_norm, bpb = (evaluation[f"eval_{name}_{figure}"] for figure in TASK_FIGURES)
+        items = f", {evaluation[f'eval_{name}_items']:,} items" if f"eval_{name}_items" in evaluation else " (mean)"
+        lines.append(f"  {name:<10} acc {acc:.4f}, acc_norm {acc_norm:.4f}, {bpb:.3f} bits per byte{items}")
     return lines
 
 

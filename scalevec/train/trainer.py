@@ -32,6 +32,8 @@ from ..modeling_scalevec import ScaleVecModel
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback
 from .evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, token_byte_lengths
 from .optim import DecayConfig, MuonAdamW, decay_toward_targets, describe_groups, parameter_groups
+from .task_scoring import TaskEvaluation, reduce_together, task_metrics
+from .tasks import Task
 from .throughput import ThroughputCallback
 
 logger = logging.get_logger(__name__)
@@ -193,11 +195,13 @@ class ScaleVecTrainer(Trainer):
     decayed, output-role scales not. The stock Trainer exempts every parameter named "norm" from weight decay,
     which the paper shows is wrong for input-norm scales."""
 
-    def __init__(self, *args, seq_len: int | None = None, **kwargs):
+    def __init__(self, *args, seq_len: int | None = None, tasks: list[Task] | None = None, **kwargs):
         """`seq_len`, the length of the training sequences, gives the model FLOPs (and MFU) that each training log
         reports beside tokens per second. Without `compute_metrics`, evaluation reads each held-out block once
         over all processes and reports loss, perplexity, bits per byte (from the tokenizer's `processing_class`)
-        and tokens from sums (`evaluate`); with it, the stock evaluation loop runs."""
+        and tokens from sums (`evaluate`), and scores the multiple-choice `tasks` beside them (`eval_<task>_acc`,
+        scalevec/train/task_scoring.py); with it, the stock evaluation loop runs."""
+        self.tasks = tasks or []
         self._staging_run_dir: Path | None = None  # set while a checkpoint is being written (`_save_checkpoint`)
         self._stream_loader = None  # the loader of a streamed training dataset (`get_train_dataloader`)
         self._resumed_from: Path | None = None  # the checkpoint `train` resumes from
@@ -210,6 +214,8 @@ class ScaleVecTrainer(Trainer):
             # The pretraining default evaluates periodically; with nothing held out there is nothing to evaluate.
             bound.arguments["args"] = replace(training_args, eval_strategy="no")
         super().__init__(*bound.args[1:], **bound.kwargs)
+        if self.tasks and self.processing_class is None:
+            raise ValueError("scoring tasks needs the tokenizer: pass it as processing_class")
         if self.args.torch_compile:
             _install_output_hooks(self.model)
         callbacks = self.callback_handler.callbacks
@@ -308,16 +314,30 @@ class ScaleVecTrainer(Trainer):
             self.compute_loss_context_manager,
         )
         sums = torch.stack([evaluation.sums(model, blocks, self._token_bytes) for blocks in sets.values()])
+        task_sums = self._task_sums(model)
         if self.args.world_size > 1:
-            torch.distributed.all_reduce(sums)
+            sums, task_sums = reduce_together(sums, task_sums)
         by_set = {name: HeldOutSums(row[0], round(row[1]), round(row[2])) for name, row in zip(sets, sums.tolist())}
         metrics = held_out_metrics(by_set, metric_key_prefix, per_set=isinstance(next(iter(sets)), str))
+        metrics.update(task_metrics([task.name for task in self.tasks], task_sums, metric_key_prefix))
         blocks, tokens = sum(len(blocks) for blocks in sets.values()), metrics[f"{metric_key_prefix}_tokens"]
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=blocks, num_tokens=tokens))
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         self._memory_tracker.stop_and_update_metrics(metrics)
         return metrics
+
+    def _task_sums(self, model: torch.nn.Module) -> torch.Tensor:
+        """This process's sums of each task (rows of acc, acc_norm, bpb, items)."""
+        evaluation = TaskEvaluation(
+            self.processing_class,
+            self.args.process_index,
+            self.args.world_size,
+            self.args.eval_batch_size,
+            self.args.device,
+            self.compute_loss_context_manager,
+        )
+        return evaluation.sums(model, self.tasks)
 
     def _held_out_sets(self, eval_dataset) -> dict | None:
         """The sets to evaluate, by name (a single set under the name None), or None if one has no length."""

@@ -1,0 +1,202 @@
+"""`scalevec-eval`: score any checkpoint or export on multiple-choice tasks and on held-out text, as the training
+loop's evaluation does (scalevec/train/task_scoring.py, scalevec/train/evaluation.py).
+
+scalevec-eval MODEL --tasks hellaswag,my_task.jsonl [--eval-dataset held_out.jsonl] [--output results.json]
+torchrun --nproc_per_node 2 -m scalevec.evaluate MODEL ...   # items and blocks split across the processes
+scalevec-eval --export-task hellaswag hellaswag.jsonl        # where the Hub is reachable: the file to pass offline
+
+MODEL is a folder (or Hub id) that `AutoModelForCausalLM` and `AutoTokenizer` load: a ScaleVec run or checkpoint,
+its Llama / Qwen3 exports, a stock model. The results are printed as a table and, with `--output`, written as JSON:
+{"model": ..., "tasks": {name: {"acc", "acc_norm", "bpb", "items"}}, "held_out": {"loss", "perplexity",
+"bits_per_byte", "tokens"} or null}.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .atomic import exit_status, write_text_atomically
+from .data.build import DEFAULT_SEQ_LEN, DataArguments, build_held_out_data
+from .data.collator import PackedBlockCollator
+from .data.held_out import DEFAULT_EVAL_TOKENS, DEFAULT_TASK_EXAMPLES
+from .run_records import TASK_FIGURES
+from .train.evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, token_byte_lengths
+from .train.task_scoring import TaskEvaluation, model_length, reduce_together, task_metrics
+from .train.tasks import BUILTIN_TASKS, Task, item_record, load_tasks, parse_task_list
+
+
+@dataclass
+class EvaluationResult:
+    model: str
+    tasks: dict[str, dict[str, float]]  # name -> acc, acc_norm, bpb, items
+    held_out: dict[str, float] | None  # loss, perplexity, bits_per_byte, tokens
+    seconds: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+
+def evaluate_model(
+    model: torch.nn.Module,
+    tokenizer,
+    tasks: list[Task],
+    held_out: dict[str, torch.utils.data.Dataset] | None = None,
+    *,
+    name: str = "",
+    batch_size: int = 8,
+    rank: int = 0,
+    world_size: int = 1,
+) -> EvaluationResult:
+    """Score `model` on `tasks` and on the `held_out` block sets (each process its share of items and blocks,
+    the sums added in one all-reduce when `world_size` > 1). One call per model: a caller comparing variants of a
+    model (quantized ones, say) calls it once for each, on the same tasks and blocks."""
+    start = time.perf_counter()
+    model.eval()
+    device = next(model.parameters()).device
+    task_sums = TaskEvaluation(tokenizer, rank, world_size, batch_size, device).sums(model, tasks)
+    held_out = held_out or {}
+    lengths = token_byte_lengths(tokenizer)
+    token_bytes = torch.from_numpy(lengths).to(device) if lengths is not None else None
+    blocks = BlockEvaluation(
+        rank, world_size, batch_size, PackedBlockCollator(tokenizer.eos_token_id), device, nullcontext
+    )
+    held_sums = torch.zeros(len(held_out), 3, dtype=torch.float64, device=device)
+    for row, sets in zip(held_sums, held_out.values()):
+        row += blocks.sums(model, sets, token_bytes)
+    if world_size > 1:
+        held_sums, task_sums = reduce_together(held_sums, task_sums)
+    metrics = task_metrics([task.name for task in tasks], task_sums)
+    scores = {
+        task.name: {key: metrics[f"eval_{task.name}_{key}"] for key in (*TASK_FIGURES, "items")} for task in tasks
+    }
+    return EvaluationResult(name, scores, _held_out_figures(held_sums), time.perf_counter() - start)
+
+
+def _held_out_figures(sums: torch.Tensor) -> dict[str, float] | None:
+    if not len(sums):
+        return None
+    total = sum((HeldOutSums(row[0], round(row[1]), round(row[2])) for row in sums.tolist()), HeldOutSums())
+    metrics = held_out_metrics({"all": total}, "eval", per_set=False)
+    return {key.removeprefix("eval_"): value for key, value in metrics.items()}
+
+
+def describe(result: EvaluationResult) -> str:
+    """The results as a table."""
+    lines = [
+        f"== scalevec-eval: {result.model} ==",
+        f"{'task':<20} {'items':>7} {'acc':>8} {'acc_norm':>9} {'bpb':>8}",
+    ]
+    for name, score in result.tasks.items():
+        lines.append(
+            f"{name:<20} {score['items']:>7,} {score['acc']:>8.4f} {score['acc_norm']:>9.4f} {score['bpb']:>8.4f}"
+        )
+    if (held := result.held_out) is not None:
+        bits = f", {held['bits_per_byte']:.4f} bits per byte" if "bits_per_byte" in held else ""
+        lines.append(
+            f"held out: loss {held['loss']:.4f} nats per token, perplexity {held['perplexity']:.2f}{bits}, "
+            f"{held['tokens']:,} tokens"
+        )
+    lines.append(f"in {result.seconds:.1f} s")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scalevec-eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", help="model folder or Hub id (AutoModelForCausalLM, AutoTokenizer)")
+    parser.add_argument("--tasks", help=f"comma-separated built-in names ({', '.join(BUILTIN_TASKS)}) or jsonl files")
+    parser.add_argument("--task-examples", type=int, default=DEFAULT_TASK_EXAMPLES, help="items scored per task")
+    parser.add_argument("--eval-dataset", help="held-out text (files, folders, prepared folders) for the loss")
+    parser.add_argument("--max-eval-tokens", default=str(DEFAULT_EVAL_TOKENS), help="held-out tokens read, or 'all'")
+    parser.add_argument("--seq-len", type=int, help=f"held-out block length (default {DEFAULT_SEQ_LEN})")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward")
+    parser.add_argument("--output", help="write the results here as JSON")
+    parser.add_argument("--export-task", nargs=2, metavar=("NAME", "FILE"), help="write a built-in task as jsonl")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> None:
+    if args.export_task:
+        return _export_task(*args.export_task)
+    if not args.model or not (args.tasks or args.eval_dataset):
+        raise ValueError("give a MODEL and --tasks and/or --eval-dataset (or --export-task NAME FILE)")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1; got {args.batch_size}")
+    rank, world_size, device = _distributed()
+    tasks = load_tasks(parse_task_list(args.tasks), args.task_examples) if args.tasks else []
+    tokenizer, model = _load(args.model, device)
+    held_out = _held_out(args, tokenizer, model, rank) if args.eval_dataset else None
+    result = evaluate_model(
+        model,
+        tokenizer,
+        tasks,
+        held_out,
+        name=args.model,
+        batch_size=args.batch_size,
+        rank=rank,
+        world_size=world_size,
+    )
+    if rank == 0:
+        print(describe(result), flush=True)
+        if args.output:
+            write_text_atomically(args.output, result.to_json())
+
+
+def _distributed() -> tuple[int, int, torch.device]:
+    """(rank, world size, device): under torchrun, a process group (gloo without an accelerator)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if world_size > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo" if accelerator is None else None)
+    rank = torch.distributed.get_rank() if world_size > 1 else 0
+    if accelerator is None:
+        return rank, world_size, torch.device("cpu")
+    return rank, world_size, torch.device(accelerator.type, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _load(name: str, device: torch.device):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).to(device)
+    return tokenizer, model
+
+
+def _held_out(args: argparse.Namespace, tokenizer, model, rank: int) -> dict | None:
+    """The `--eval-dataset` blocks, prepared by the first process while the others wait, then read by all."""
+    seq_len = args.seq_len or min(DEFAULT_SEQ_LEN, model_length(model))
+    data_args = DataArguments(
+        eval_dataset=args.eval_dataset, eval_every=0, seq_len=seq_len, max_eval_tokens=args.max_eval_tokens
+    )
+    distributed = torch.distributed.is_initialized()
+    if distributed and rank != 0:
+        torch.distributed.barrier()
+    sets, _ = build_held_out_data(data_args, tokenizer, progress=rank == 0)
+    if distributed and rank == 0:
+        torch.distributed.barrier()
+    if sets is None:
+        raise ValueError(f"--eval-dataset {args.eval_dataset}: no complete block of {seq_len} tokens")
+    return sets
+
+
+def _export_task(name: str, path: str) -> None:
+    if name not in BUILTIN_TASKS:
+        raise ValueError(f"--export-task {name}: not a built-in task ({', '.join(BUILTIN_TASKS)})")
+    (task,) = load_tasks([name], sys.maxsize)
+    write_text_atomically(path, "".join(json.dumps(item_record(item)) + "\n" for item in task.items))
+    print(f"scalevec-eval: wrote the {len(task.items):,} items of {task.source} to {Path(path)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return exit_status("scalevec-eval", lambda: _run(args), (ValueError,))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Multiple-choice tasks for downstream evaluation, as lm-evaluation-harness (lm-eval) defines them.
+
+A task file is jsonl, one item a line::
+
+    {"context": "Question: What melts ice?\\nAnswer:", "choices": ["heat", "cold"], "gold": 0}
+
+Each choice is scored as the continuation of the context, joined by lm-eval's `target_delimiter` (" "): the
+log-likelihood of `" " + choice` given `context`. An optional `"suffix"` is lm-eval's partial scoring (WinoGrande):
+each choice then completes the context, and what is scored is `" " + suffix` after `context + choice`.
+
+The built-in names load their validation split from the Hub through `datasets`, at a pinned revision, and map their
+columns to items as lm-eval's task yamls do (`BUILTIN_TASKS`). Offline, write the items on a machine that reaches
+the Hub (`python -m scalevec.evaluate --export-task NAME FILE`) and pass the file: its name gives the same metric
+names, and the same subset is drawn from it.
+
+An evaluation reads a fixed subset of each task (`--task-examples`): the first positions of the permutation that
+picks the held-out blocks (`evaluation_blocks`), so it is the same at every evaluation, in every run and on any
+number of processes, and a smaller subset is part of a larger one.
+"""
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..data.held_out import DEFAULT_TASK_EXAMPLES, set_names
+from ..data.sampler import evaluation_blocks
+from ..run_records import TASKS_MEAN
+
+TARGET_DELIMITER = " "  # lm-eval's default `target_delimiter`, between a context and each choice
+
+
+class TaskError(ValueError):
+    """A task that cannot be read: the message is one line naming the file (and line) or the task."""
+
+
+@dataclass(frozen=True)
+class TaskItem:
+    context: str
+    choices: tuple[str, ...]
+    gold: int  # index into `choices`
+    suffix: str | None = None  # partial scoring: each choice completes the context, then this is scored
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(context, continuation) per choice, as lm-eval's `construct_requests` builds them."""
+        if self.suffix is None:
+            return [(self.context, TARGET_DELIMITER + choice) for choice in self.choices]
+        return [(self.context + choice, TARGET_DELIMITER + self.suffix) for choice in self.choices]
+
+    def normalizers(self) -> list[int]:
+        """The length in characters that `acc_norm` divides each log-likelihood by: lm-eval's `doc_to_choice`, the
+        choice itself (for partial scoring, the context it completes, which is what lm-eval's choices are)."""
+        if self.suffix is None:
+            return [len(choice) for choice in self.choices]
+        return [len(self.context + choice) for choice in self.choices]
+
+
+@dataclass
+class Task:
+    name: str  # in metric names: eval_<name>_acc
+    source: str  # the file, or the Hub dataset, revision and split
+    items: list[TaskItem]  # the evaluated subset
+    available: int  # items in the source
+
+
+# --- built-in tasks: lm-eval's task yamls (lm_eval/tasks/<task>/), mapped row by row ---------------------------
+
+
+def _preprocess_hellaswag(text: str) -> str:
+    """lm-eval's hellaswag/utils.py `preprocess`: WikiHow's bracketed artifacts removed."""
+    text = text.strip().replace(" [title]", ". ")
+    text = re.sub("\\[.*?\\]", "", text)
+    return text.replace("  ", " ")
+
+
+def hellaswag_item(row: dict) -> TaskItem:
+    """hellaswag.yaml with utils.process_docs: context `activity_label: ctx_a Ctx_b`, the four endings."""
+    context = row["ctx_a"] + " " + row["ctx_b"].capitalize()
+    return TaskItem(
+        _preprocess_hellaswag(row["activity_label"] + ": " + context),
+        tuple(_preprocess_hellaswag(ending) for ending in row["endings"]),
+        int(row["label"]),
+    )
+
+
+def arc_item(row: dict) -> TaskItem:
+    """arc_easy.yaml (and arc_challenge.yaml): "Question: {question}\\nAnswer:", gold where answerKey is."""
+    labels = list(row["choices"]["label"])
+    return TaskItem(
+        f"Question: {row['question']}\nAnswer:", tuple(row["choices"]["text"]), labels.index(row["answerKey"])
+    )
+
+
+def piqa_item(row: dict) -> TaskItem:
+    """piqa.yaml: "Question: {goal}\\nAnswer:", choices sol1 and sol2."""
+    return TaskItem(f"Question: {row['goal']}\nAnswer:", (row["sol1"], row["sol2"]), int(row["label"]))
+
+
+def winogrande_item(row: dict) -> TaskItem:
+    """winogrande/default.yaml (preprocess_winogrande.py), partial scoring: the sentence up to its blank completed
+    by each option is the context, the rest of the sentence after the blank (stripped) the scored continuation."""
+    blank = row["sentence"].index("_")
+    return TaskItem(
+        row["sentence"][:blank],
+        (row["option1"], row["option2"]),
+        {"1": 0, "2": 1}[str(row["answer"])],
+        suffix=row["sentence"][blank + 1 :].strip(),
+    )
+
+
+def sciq_item(row: dict) -> TaskItem:
+    """sciq.yaml: "{support.lstrip()}\\nQuestion: {question}\\nAnswer:", the three distractors then the answer."""
+    return TaskItem(
+        f"{row['support'].lstrip()}\nQuestion: {row['question']}\nAnswer:",
+        (row["distractor1"], row["distractor2"], row["distractor3"], row["correct_answer"]),
+        3,
+    )
+
+
+@dataclass(frozen=True)
+class BuiltinTask:
+    path: str  # the Hub dataset lm-eval's yaml names
+    config: str | None
+    revision: str | None  # the dataset's commit (None: not pinned)
+    to_item: Callable[[dict], TaskItem]
+    split: str = "validation"
+
+
+# Revisions: the commits of each dataset as pinned by public evaluation code (not re-checked here, which reaches no
+# Hub); baber/piqa is read at its newest commit.
+BUILTIN_TASKS = {
+    "hellaswag": BuiltinTask("Rowan/hellaswag", None, "218ec52e09a7e7462a5400043bb9a69a41d06b76", hellaswag_item),
+    "arc_easy": BuiltinTask("allenai/ai2_arc", "ARC-Easy", "210d026faf9955653af8916fad021475a3f00453", arc_item),
+    "arc_challenge": BuiltinTask(
+        "allenai/ai2_arc", "ARC-Challenge", "210d026faf9955653af8916fad021475a3f00453", arc_item
+    ),
+    "piqa": BuiltinTask("baber/piqa", None, None, piqa_item),
+    "winogrande": BuiltinTask(
+        "allenai/winogrande", "winogrande_xl", "01e74176c63542e6b0bcb004dcdea22d94fb67b5", winogrande_item
+    ),
+    "sciq": BuiltinTask("allenai/sciq", None, "2c94ad3e1aafab77146f384e23536f97a4849815", sciq_item),
+}
+
+
+# --- loading -----------------------------------------------------------------------------------------------------
+
+
+def parse_task_list(text: str) -> list[str]:
+    """`--eval-tasks hellaswag,my_task.jsonl`: the entries, each a built-in name or a jsonl file."""
+    entries = [entry.strip() for entry in text.split(",") if entry.strip()]
+    if not entries:
+        raise TaskError(f"no task in {text!r}: give built-in names ({', '.join(BUILTIN_TASKS)}) or jsonl files")
+    return entries
+
+
+def load_tasks(entries: list[str], examples: int = DEFAULT_TASK_EXAMPLES) -> list[Task]:
+    """Each entry's fixed subset of at most `examples` items, named for metrics (a file by its stem)."""
+    if examples < 1:
+        raise TaskError(f"--task-examples must be at least 1; got {examples}")
+    names = set_names(entries)
+    if TASKS_MEAN in names:
+        raise TaskError(f"a task may not be named {TASKS_MEAN!r}: eval_{TASKS_MEAN}_* is the mean over the tasks")
+    return [_load_task(entry, name, examples) for entry, name in zip(entries, names)]
+
+
+def _load_task(entry: str, name: str, examples: int) -> Task:
+    path = Path(entry).expanduser()
+    if path.is_file():
+        items = read_task_file(path)
+        chosen = evaluation_blocks(len(items), examples)
+        return Task(name, str(path), [items[index] for index in chosen], len(items))
+    if entry in BUILTIN_TASKS:
+        return _load_builtin(entry, examples)
+    if entry.endswith(".jsonl") or "/" in entry:
+        raise TaskError(f"task file {entry}: no such file")
+    raise TaskError(f"unknown task {entry!r}: a jsonl file or one of {', '.join(BUILTIN_TASKS)}")
+
+
+def _load_builtin(name: str, examples: int) -> Task:
+    import datasets
+
+    task = BUILTIN_TASKS[name]
+    where = f"{task.path}{f' ({task.config})' if task.config else ''} at {task.revision or 'its newest commit'}"
+    try:
+        rows = datasets.load_dataset(task.path, task.config, split=task.split, revision=task.revision)
+    except Exception as error:  # offline: ConnectionError, OSError or datasets' own errors, depending on the cache
+        raise TaskError(
+            f"task {name}: {where} could not be loaded from the Hub ({_first_line(error)}); offline, pass "
+            f"{name}.jsonl instead, written where the Hub is reachable by "
+            f"`python -m scalevec.evaluate --export-task {name} {name}.jsonl`"
+        ) from None
+    chosen = evaluation_blocks(len(rows), examples)
+    items = [task.to_item(row) for row in rows.select(chosen)]
+    return Task(name, f"{where}, {task.split} split", items, len(rows))
+
+
+def read_task_file(path: Path) -> list[TaskItem]:
+    """Every item of a jsonl task file; a bad line is a `TaskError` naming the file and line."""
+    items = []
+    with open(path, "rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                items.append(_parse_item(line, f"{path}:{number}"))
+    if not items:
+        raise TaskError(f"task file {path}: no items")
+    return items
+
+
+def _parse_item(line: bytes, where: str) -> TaskItem:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise TaskError(f"{where}: not UTF-8 text") from None
+    except ValueError as error:
+        raise TaskError(f"{where}: not a JSON object ({error})") from None
+    if not isinstance(record, dict):
+        raise TaskError(f"{where}: not a JSON object but a {type(record).__name__}")
+    for key in ("context", "choices", "gold"):
+        if key not in record:
+            raise TaskError(f'{where}: missing "{key}" (an item is {{"context": ..., "choices": [...], "gold": i}})')
+    context, choices, gold, suffix = record["context"], record["choices"], record["gold"], record.get("suffix")
+    if not isinstance(context, str):
+        raise TaskError(f'{where}: "context" must be a string; got {context!r}')
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+        raise TaskError(f'{where}: "choices" must be a non-empty list of non-empty strings; got {choices!r}')
+    if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
+        raise TaskError(f'{where}: "gold" must be an index into the {len(choices)} choices; got {gold!r}')
+    if suffix is not None and (not isinstance(suffix, str) or not suffix):
+        raise TaskError(f'{where}: "suffix" must be a non-empty string; got {suffix!r}')
+    if not context and suffix is None:
+        raise TaskError(f'{where}: "context" is empty')
+    return TaskItem(context, tuple(choices), gold, suffix)
+
+
+def item_record(item: TaskItem) -> dict:
+    """An item as a task-file line (`read_task_file` reads it back)."""
+    record = {"context": item.context, "choices": list(item.choices), "gold": item.gold}
+    return record if item.suffix is None else {**record, "suffix": item.suffix}
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,393 @@
+"""Multiple-choice tasks (scalevec/train/tasks.py, task_scoring.py, scalevec/evaluate.py): items read from jsonl and
+mapped from each built-in dataset's own columns as lm-eval's yamls map them, a fixed subset, scores equal to
+one-request-at-a-time forwards and to lm-evaluation-harness's, the same on one and two processes, in the training
+loop's logs, summary and card, and `scalevec-eval` scoring a ScaleVec folder and its Llama export alike."""
+
+import contextlib
+import io
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from scalevec import ScaleVecConfig, ScaleVecForCausalLM
+from scalevec.data import default_tokenizer
+from scalevec.evaluate import evaluate_model
+from scalevec.evaluate import main as evaluate_main
+from scalevec.train.cli import main as train_main
+from scalevec.train.task_scoring import TaskEvaluation, encode_pair, item_scores
+from scalevec.train.tasks import (
+    BUILTIN_TASKS,
+    TaskError,
+    TaskItem,
+    arc_item,
+    hellaswag_item,
+    load_tasks,
+    piqa_item,
+    sciq_item,
+    winogrande_item,
+)
+
+from ._helpers import log_history, randomize_scales, run_python, run_torchrun, tiny_config, train_argv
+
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "and",
+    "dog",
+    "ran",
+    "far",
+    "away",
+    "quickly",
+    "slowly",
+    "under",
+    "over",
+]
+
+
+def write_task(path: Path, count: int, seed: int = 0) -> Path:
+    """`count` items of 2 to 4 choices; every fifth context ends in a space (moved into the continuation)."""
+    rng = random.Random(seed)
+    phrase = lambda low, high: " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))  # noqa: E731
+    with open(path, "w") as lines:
+        for index in range(count):
+            choices = [phrase(1, 5) for _ in range(rng.randint(2, 4))]
+            context = phrase(3, 12) + (" " if index % 5 == 0 else "")
+            lines.write(json.dumps({"context": context, "choices": choices, "gold": rng.randrange(len(choices))}))
+            lines.write("\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny ScaleVec model with moved scales and the embedded tokenizer, saved; a task file and held-out text."""
+    folder = tmp_path_factory.mktemp("tasks")
+    tokenizer = default_tokenizer()
+    torch.manual_seed(0)
+    config = tiny_config(vocab_size=len(tokenizer), max_position_embeddings=128, eos_token_id=tokenizer.eos_token_id)
+    model = ScaleVecForCausalLM(config).eval()
+    randomize_scales(model)
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    write_task(folder / "mc.jsonl", 30)
+    rng = random.Random(1)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(40)) for _ in range(30)]
+    (folder / "held.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    return folder
+
+
+# --- items ---------------------------------------------------------------------------------------------------
+
+
+BUILTIN_ROWS = {
+    "hellaswag": {
+        "activity_label": "Removing ice from car",
+        "ctx_a": "Then, the man writes over the snow covering the window of a car.",
+        "ctx_b": "a woman wearing winter clothes",
+        "endings": [" [header] smiles.", "stands.  [step] Walks.", "drives off.", "laughs."],
+        "label": "3",
+    },
+    "arc_easy": {
+        "question": "Which is a gas?",
+        "choices": {"text": ["ice", "steam", "rock"], "label": ["A", "B", "C"]},
+        "answerKey": "B",
+    },
+    "piqa": {"goal": "dry wet hair", "sol1": "use a towel", "sol2": "use a rock", "label": 0},
+    "winogrande": {"sentence": "The cup fell off the table because _ was tilted.", "option1": "the cup",
+                   "option2": "the table", "answer": "2"},
+    "sciq": {"support": "  Water boils at 100 C.", "question": "When does water boil?", "distractor1": "0 C",
+             "distractor2": "50 C", "distractor3": "20 C", "correct_answer": "100 C"},
+}  # fmt: skip
+
+
+def test_each_builtin_row_maps_to_the_requests_lm_eval_builds():
+    """Hand-written expectations of each layout, and lm-eval's own preprocessing where it has code for it."""
+    from lm_eval.tasks.hellaswag.utils import process_docs
+    from lm_eval.tasks.winogrande import preprocess_winogrande as winogrande
+
+    hellaswag = hellaswag_item(BUILTIN_ROWS["hellaswag"])
+    assert hellaswag.context == (
+        "Removing ice from car: Then, the man writes over the snow covering the window of a car. A woman wearing "
+        "winter clothes"
+    )
+    assert hellaswag.choices[2:] == ("drives off.", "laughs.") and "[" not in "".join(hellaswag.choices)
+    assert hellaswag.gold == 3
+    import datasets
+
+    (reference,) = process_docs(datasets.Dataset.from_list([BUILTIN_ROWS["hellaswag"]]))
+    assert (hellaswag.context, list(hellaswag.choices), hellaswag.gold) == (
+        reference["query"],
+        reference["choices"],
+        reference["gold"],
+    )
+
+    assert arc_item(BUILTIN_ROWS["arc_easy"]) == TaskItem(
+        "Question: Which is a gas?\nAnswer:", ("ice", "steam", "rock"), 1
+    )
+    assert piqa_item(BUILTIN_ROWS["piqa"]) == TaskItem(
+        "Question: dry wet hair\nAnswer:", ("use a towel", "use a rock"), 0
+    )
+    sciq = sciq_item(BUILTIN_ROWS["sciq"])
+    assert sciq.context == "Water boils at 100 C.\nQuestion: When does water boil?\nAnswer:"
+    assert sciq.choices == ("0 C", "50 C", "20 C", "100 C") and sciq.gold == 3
+
+    row = BUILTIN_ROWS["winogrande"]
+    item = winogrande_item(row)
+    contexts = winogrande.doc_to_choice(row)  # lm-eval's choices are the contexts, its target the continuation
+    assert item.requests() == [(context, " " + winogrande.doc_to_target(row)) for context in contexts]
+    assert item.gold == winogrande.doc_to_text(row) == 1
+    assert item.normalizers() == [len(context) for context in contexts]
+    assert set(BUILTIN_TASKS) >= {"hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "sciq"}
+
+
+BAD_LINES = {
+    "not json": ('{"context": "a", "choices": ["b"], "gold": 0', "not a JSON object"),
+    "missing field": ('{"context": "a", "choices": ["b"]}', 'missing "gold"'),
+    "gold out of range": ('{"context": "a", "choices": ["b", "c"], "gold": 2}', '"gold" must be an index into the 2'),
+    "empty choices": ('{"context": "a", "choices": [], "gold": 0}', '"choices" must be a non-empty list'),
+    "a list": ('["a", "b"]', "not a JSON object but a list"),
+    "not UTF-8": (b'{"context": "\xe9", "choices": ["b"], "gold": 0}', "not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LINES))
+def test_a_bad_task_file_fails_in_one_line_naming_file_and_line(tmp_path, case):
+    line, reason = BAD_LINES[case]
+    path = tmp_path / "bad.jsonl"
+    line = line if isinstance(line, bytes) else line.encode()
+    path.write_bytes(b'{"context": "x", "choices": ["y", "z"], "gold": 1}\n\n' + line + b"\n")
+    with pytest.raises(TaskError) as raised:
+        load_tasks([str(path)])
+    message = str(raised.value)
+    assert message.startswith(f"{path}:3: ") and reason in message and "\n" not in message
+
+
+def test_the_command_prints_the_bad_line_in_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"context": "x", "choices": ["y"], "gold": 3}\n')
+    assert evaluate_main([str(tmp_path / "no-model"), "--tasks", str(path)]) == 1
+    error = capsys.readouterr().err
+    assert error == f'scalevec-eval: error: {path}:1: "gold" must be an index into the 1 choices; got 3\n'
+
+
+def test_an_offline_builtin_name_fails_in_one_line_naming_the_file_to_pass(tmp_path):
+    script = "import sys\nfrom scalevec.evaluate import main\nsys.exit(main(['model', '--tasks', 'arc_easy']))"
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = run_python(script, env=env)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "scalevec-eval" in line]
+    assert len(errors) == 1 and errors[0] == result.stderr.rstrip("\n").splitlines()[-1]
+    assert errors[0].startswith("scalevec-eval: error: task arc_easy: allenai/ai2_arc (ARC-Easy) at 210d026")
+    assert "pass arc_easy.jsonl instead" in errors[0] and "--export-task arc_easy arc_easy.jsonl" in errors[0]
+
+
+def test_a_builtin_task_and_its_exported_file_score_the_same_items(tmp_path, monkeypatch, capsys):
+    """The offline route: `--export-task` writes the whole split, and the file gives the built-in's subset."""
+    import datasets
+
+    rows = [dict(BUILTIN_ROWS["hellaswag"], ctx_a=f"Step {i}.", label=str(i % 4)) for i in range(40)]
+    asked = []
+
+    def hub(path, name, split, revision):
+        asked.append((path, name, split, revision))
+        return datasets.Dataset.from_list(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    exported = tmp_path / "hellaswag.jsonl"
+    assert evaluate_main(["--export-task", "hellaswag", str(exported)]) == 0
+    assert "wrote the 40 items of Rowan/hellaswag at 218ec52" in capsys.readouterr().out
+    assert len(exported.read_text().splitlines()) == 40
+    builtin, from_file = load_tasks(["hellaswag"], 10)[0], load_tasks([str(exported)], 10)[0]
+    assert builtin.name == from_file.name == "hellaswag" and builtin.available == from_file.available == 40
+    assert builtin.items == from_file.items and len(builtin.items) == 10
+    assert builtin.items[0] == hellaswag_item(rows[int(builtin.items[0].context.split("Step ")[1].split(".")[0])])
+    assert asked[0] == ("Rowan/hellaswag", None, "validation", BUILTIN_TASKS["hellaswag"].revision)
+
+
+def test_the_subset_is_fixed_spread_and_nested(tmp_path):
+    path = write_task(tmp_path / "many.jsonl", 200)
+    everything = load_tasks([str(path)], 10_000)[0].items
+    thirty = load_tasks([str(path)], 30)[0]
+    assert thirty.name == "many" and thirty.available == 200 and len(thirty.items) == 30
+    assert thirty.items == load_tasks([str(path)], 30)[0].items  # the same at every evaluation
+    assert thirty.items != everything[:30]  # spread over the file, not its head
+    positions = [everything.index(item) for item in thirty.items]
+    assert positions == sorted(positions)
+    assert set(load_tasks([str(path)], 10)[0].items) <= set(thirty.items)
+
+
+# --- scores --------------------------------------------------------------------------------------------------
+
+
+def test_batched_scores_equal_one_request_at_a_time(model_dir):
+    tokenizer = default_tokenizer()
+    model = ScaleVecForCausalLM.from_pretrained(model_dir / "model").eval()
+    items = load_tasks([str(model_dir / "mc.jsonl")])[0].items
+    items.append(TaskItem("The cup fell because ", ("the cup", "the table"), 1, suffix="was tilted."))
+    scored = dict(TaskEvaluation(tokenizer, batch_size=3).loglikelihoods(model, items))
+    assert sorted(scored) == list(range(len(items)))
+    for index, item in enumerate(items):
+        expected = []
+        for context, continuation in item.requests():
+            context_ids, continuation_ids = encode_pair(tokenizer, context, continuation)
+            with torch.no_grad():
+                logits = model(torch.tensor([context_ids + continuation_ids])).logits[0].log_softmax(-1)
+            positions = range(len(context_ids) - 1, len(context_ids) + len(continuation_ids) - 1)
+            expected.append(sum(logits[p, t].item() for p, t in zip(positions, continuation_ids)))
+        assert scored[index] == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_continuation_longer_than_the_model_is_refused(model_dir):
+    model = ScaleVecForCausalLM.from_pretrained(model_dir / "model")
+    item = TaskItem("Q:", ("short", " ".join(["cat"] * 200)), 0)
+    with pytest.raises(ValueError, match=r"a continuation of \d+ tokens exceeds the model.s 128: . cat cat"):
+        dict(TaskEvaluation(default_tokenizer()).loglikelihoods(model, [item]))
+
+
+def test_acc_acc_norm_and_bits_per_byte_of_an_item():
+    item = TaskItem("Q:", ("a", "bbbb", "cc"), gold=1)
+    acc, acc_norm, bpb, count = item_scores(item, [-2.0, -4.0, -3.0])
+    assert (acc, acc_norm, count) == (0.0, 1.0, 1.0)  # -4/4 beats -2/1 and -3/2
+    assert bpb == pytest.approx(4.0 / (math.log(2) * len(" bbbb")))
+    with_space = TaskItem("Q: ", ("é",), gold=0)  # the context's space is scored with the choice: 1 + 1 + 2 bytes
+    assert item_scores(with_space, [-1.0])[2] == pytest.approx(1 / (math.log(2) * 4))
+
+
+def test_scores_agree_with_lm_evaluation_harness(model_dir, tmp_path):
+    """lm-eval's HFLM on the same folder, a local task over the same jsonl: equal accuracies, and each choice's
+    log-likelihood within 1e-4."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    task_file = model_dir / "mc.jsonl"
+    (tmp_path / "mc_task.yaml").write_text(
+        f"task: mc_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {task_file}\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: context\ndoc_to_choice: choices\ndoc_to_target: gold\n"
+        "metric_list:\n  - metric: acc\n  - metric: acc_norm\n"
+    )
+    reference = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={model_dir / 'model'},dtype=float32",
+        tasks=["mc_task"],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+        log_samples=True,
+        batch_size=4,
+        device="cpu",
+    )
+    (task,) = load_tasks([str(task_file)])
+    model = ScaleVecForCausalLM.from_pretrained(model_dir / "model")
+    ours = evaluate_model(model, default_tokenizer(), [task]).tasks["mc"]
+    results = reference["results"]["mc_task"]
+    assert (ours["acc"], ours["acc_norm"]) == (results["acc,none"], results["acc_norm,none"])
+    scored = dict(TaskEvaluation(default_tokenizer()).loglikelihoods(model, task.items))
+    for sample in reference["samples"]["mc_task"]:
+        theirs = [loglikelihood for loglikelihood, _ in sample["filtered_resps"]]
+        assert scored[sample["doc_id"]] == pytest.approx(theirs, abs=1e-4)
+
+
+def _scores(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_two_processes_score_what_one_does(model_dir, tmp_path):
+    flags = ["--tasks", f"{model_dir / 'mc.jsonl'}", "--eval-dataset", str(model_dir / "held.jsonl")]
+    flags += ["--seq-len", "32", "--batch-size", "3"]
+    assert evaluate_main([str(model_dir / "model"), *flags, "--output", str(tmp_path / "one.json")]) == 0
+    two = run_torchrun(
+        "-m", "scalevec.evaluate", str(model_dir / "model"), *flags, "--output", str(tmp_path / "two.json")
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    one, two = _scores(tmp_path / "one.json"), _scores(tmp_path / "two.json")
+    assert one["tasks"]["mc"]["items"] == two["tasks"]["mc"]["items"] == 30
+    assert (one["tasks"]["mc"]["acc"], one["tasks"]["mc"]["acc_norm"]) == (
+        two["tasks"]["mc"]["acc"],
+        two["tasks"]["mc"]["acc_norm"],
+    )
+    assert one["tasks"]["mc"]["bpb"] == pytest.approx(two["tasks"]["mc"]["bpb"], rel=1e-6)
+    assert one["held_out"]["tokens"] == two["held_out"]["tokens"] > 0
+    assert one["held_out"]["loss"] == pytest.approx(two["held_out"]["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("target", ["llama", "qwen3"])
+def test_a_scalevec_folder_and_its_stock_export_score_equal(model_dir, tmp_path, target):
+    """Qwen3 normalises q and k: its source model has QK-norm (the fixture's has none, for Llama)."""
+    from scalevec.convert.cli import main as convert_main
+
+    source = model_dir / "model"
+    if target == "qwen3":
+        source = tmp_path / "source"
+        config = ScaleVecConfig.from_pretrained(model_dir / "model", qk_norm=True)
+        model = ScaleVecForCausalLM(config)
+        randomize_scales(model, seed=1)
+        model.save_pretrained(source)
+        default_tokenizer().save_pretrained(source)
+    assert convert_main(["export", str(source), str(tmp_path / target), "--to", target, "-q"]) == 0
+    assert json.loads((tmp_path / target / "config.json").read_text())["model_type"] == target
+    flags = ["--tasks", str(model_dir / "mc.jsonl"), "--eval-dataset", str(model_dir / "held.jsonl")]
+    for name, folder in (("scalevec", source), ("export", tmp_path / target)):
+        assert evaluate_main([str(folder), *flags, "--seq-len", "32", "--output", str(tmp_path / f"{name}.json")]) == 0
+    scalevec, export = _scores(tmp_path / "scalevec.json"), _scores(tmp_path / "export.json")
+    assert scalevec["tasks"]["mc"]["acc"] == export["tasks"]["mc"]["acc"]
+    assert scalevec["tasks"]["mc"]["acc_norm"] == export["tasks"]["mc"]["acc_norm"]
+    assert scalevec["tasks"]["mc"]["bpb"] == pytest.approx(export["tasks"]["mc"]["bpb"], rel=1e-5)
+    assert scalevec["held_out"]["loss"] == pytest.approx(export["held_out"]["loss"], rel=1e-5)
+
+
+# --- the training loop ---------------------------------------------------------------------------------------
+
+
+def test_training_scores_the_tasks_at_each_evaluation(model_dir, tmp_path):
+    """Logged at steps 3 and 6 with the held-out loss, in the run's summary, plan and card, and what the final
+    model scores under scalevec-eval."""
+    from scalevec.convert.card import write_model_card
+
+    run = tmp_path / "run"
+    tasks = f"{model_dir / 'mc.jsonl'},{write_task(tmp_path / 'other.jsonl', 20, seed=3)}"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        flags = ["--eval-tasks", tasks, "--task-examples", "12", "--eval-steps", "3"]
+        assert train_main(train_argv(run, *flags, "--per-device-eval-batch-size", "5")) == 0
+    evaluations = [entry for entry in log_history(run) if "eval_loss" in entry]
+    assert [entry["step"] for entry in evaluations] == [3, 6]
+    for entry in evaluations:
+        assert entry["eval_mc_items"] == entry["eval_other_items"] == 12
+        assert entry["eval_tasks_acc"] == pytest.approx((entry["eval_mc_acc"] + entry["eval_other_acc"]) / 2)
+        assert entry["eval_mc_bpb"] > 0 and 0 <= entry["eval_other_acc_norm"] <= 1
+    summary = json.loads((run / "run_summary.json").read_text())["eval"]
+    assert summary["eval_mc_acc"] == evaluations[-1]["eval_mc_acc"]
+    plan = next(line for line in printed.getvalue().splitlines() if line.startswith("tasks "))
+    assert "mc 12 of 30 items, other 12 of 20 items" in plan and "% of the training compute" in plan
+    assert f"  mc         acc {evaluations[-1]['eval_mc_acc']:.4f}, acc_norm" in printed.getvalue()  # the end
+
+    tokenizer = default_tokenizer()
+    (mc,) = load_tasks([str(model_dir / "mc.jsonl")], 12)
+    final = evaluate_model(ScaleVecForCausalLM.from_pretrained(run), tokenizer, [mc]).tasks["mc"]
+    assert final["acc"] == evaluations[-1]["eval_mc_acc"]
+    assert final["bpb"] == pytest.approx(evaluations[-1]["eval_mc_bpb"], rel=1e-5)
+
+    card = write_model_card(
+        run, export_target="scalevec", source_config=ScaleVecConfig.from_pretrained(run), run_dir=run
+    )
+    text = card.read_text()
+    assert f"mc (12 items) | accuracy {evaluations[-1]['eval_mc_acc']:.4f}" in text
+    assert "mean of the 2 tasks" in text and "eval mc acc" not in text
+
+
+def test_two_training_processes_log_what_one_process_scores_on_the_saved_model(model_dir, tmp_path):
+    run = tmp_path / "run"
+    flags = ["--eval-tasks", str(model_dir / "mc.jsonl"), "--task-examples", "20", "--dataloader-num-workers", "0"]
+    result = run_torchrun("-m", "scalevec.train.cli", *train_argv(run, *flags, steps=2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (logged,) = [entry for entry in log_history(run) if "eval_loss" in entry]
+    (task,) = load_tasks([str(model_dir / "mc.jsonl")], 20)
+    alone = evaluate_model(ScaleVecForCausalLM.from_pretrained(run), default_tokenizer(), [task]).tasks["mc"]
+    assert logged["eval_mc_items"] == alone["items"] == 20
+    assert (logged["eval_mc_acc"], logged["eval_mc_acc_norm"]) == (alone["acc"], alone["acc_norm"])
+    assert logged["eval_mc_bpb"] == pytest.approx(alone["bpb"], rel=1e-5)
