@@ -67,7 +67,7 @@ def huber_fit(parameters: np.ndarray, losses: np.ndarray, start: tuple | None = 
         value = np.where(small, 0.5 * residual**2, HUBER_DELTA * (np.abs(residual) - 0.5 * HUBER_DELTA))
         slope = np.where(small, residual, HUBER_DELTA * np.sign(residual)) / predicted
         gradient = np.array([slope.sum(), (slope * power).sum(), -(slope * power * log_n).sum()])
-        return float(value.sum()), gradient
+        return float(value.sum()) / HUBER_DELTA**2, gradient / HUBER_DELTA**2  # residuals in units of δ
 
     if start is None:  # each (E, α) of a small grid, with the log A that fits it best on average
         pairs = [(f * ceiling, alpha) for f in (0.0, 0.5, 0.9) for alpha in (0.1, 0.3, 0.6)]
@@ -75,7 +75,10 @@ def huber_fit(parameters: np.ndarray, losses: np.ndarray, start: tuple | None = 
     else:
         starts = [start]
     bounds = [(0.0, ceiling), (-30.0, 60.0), _ALPHA_BOUNDS]
-    fits = [minimize(objective, np.array(x0, float), jac=True, method="L-BFGS-B", bounds=bounds) for x0 in starts]
+    options = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 2000}
+    fits = [
+        minimize(objective, np.array(x0), jac=True, method="L-BFGS-B", bounds=bounds, options=options) for x0 in starts
+    ]
     best = min(fits, key=lambda fit: fit.fun).x
     return float(best[0]), float(np.exp(best[1])), float(best[2])
 
