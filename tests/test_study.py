@@ -29,7 +29,7 @@ from scalevec.train.study.grid import Grid, build_sizes
 from scalevec.train.study.intervals import holm, paired_interval
 from scalevec.train.study.records import DIVERGED, FINISHED, MISSING, RunRecord
 from scalevec.train.study.report import write_report
-from scalevec.train.study.scaling import fit_variant, scaling_fits, seed_draws
+from scalevec.train.study.scaling import scaling_fits
 from scalevec.train.study.summary import best_runs, summarise
 
 from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, train_argv
@@ -225,10 +225,12 @@ def synthetic_records(grid: Grid, outcome) -> list[RunRecord]:
     return records
 
 
-def verdicts(records: list[RunRecord], grid: Grid) -> dict:
+def verdicts(records: list[RunRecord], grid: Grid, fits: list | None = None) -> dict:
+    """(claim, size) -> its test; `fits`, when given, receives the scaling fits the claims were judged on."""
     summaries = summarise(records, grid)
-    fits = scaling_fits(best_runs(records, summaries), [s.name for s in grid.sizes], len(grid.seeds))
-    return {(t.claim, t.size): t for t in claim_verdicts(summaries, fits, [s.name for s in grid.sizes])}
+    found = scaling_fits(best_runs(records, summaries), [s.name for s in grid.sizes], len(grid.seeds))
+    (fits if fits is not None else []).extend(found)
+    return {(t.claim, t.size): t for t in claim_verdicts(summaries, found, [s.name for s in grid.sizes])}
 
 
 def test_the_selection_ranks_by_the_selection_half_and_reports_the_other():
@@ -336,13 +338,13 @@ def test_a_bootstrap_fit_recovers_the_exponent_inside_its_interval():
         loss = (2.0 + 40.0 * n ** -alphas[point.variant]) * math.exp(noise[point.seed][sizes.index(point.size)])
         return loss, loss, loss
 
-    records = synthetic_records(grid, outcome)
-    best = best_runs(records, summarise(records, grid))
-    fit = fit_variant("standard", [best[size, "standard"] for size in sizes], "total", seed_draws(4))
-    low, high = fit.alpha_interval
-    assert low < 0.3 < high and high - low < 0.3 and abs(fit.alpha - 0.3) < 0.1
-    assert fit.E_interval[0] < 2.0 < fit.E_interval[1] or fit.E_bound is not None
-    scaling = verdicts(records, grid)[SCALING, "all"]
+    fits = []
+    scaling = verdicts(synthetic_records(grid, outcome), grid, fits)[SCALING, "all"]
+    assert {(fit.variant, fit.counted) for fit in fits} == set(product(alphas, ("non-embedding", "total")))
+    for fit in (fit for fit in fits if fit.counted == "total"):  # the claim's count: the one the losses follow
+        low, high = fit.alpha_interval
+        assert low < alphas[fit.variant] < high and high - low < 0.3 and abs(fit.alpha - alphas[fit.variant]) < 0.1
+        assert fit.E_interval[0] < 2.0 < fit.E_interval[1] and fit.E_bound is None
     assert scaling.verdict == "holds" and scaling.interval.low > 0
     two_sizes = synthetic_grid(sizes=sizes[:3], variants=("standard", "unified"), rates=(1e-3,))
     untested = verdicts(synthetic_records(two_sizes, outcome), two_sizes)[SCALING, "-"]
