@@ -121,6 +121,9 @@ def test_a_diverging_rate_is_recorded_and_the_selection_goes_around_it(study):
         diverged = runs[size, variant, 1e30]
         recorded = json.loads((study.root / size / f"{variant}-lr1e+30-seed{SEED}" / "diverged.json").read_text())
         assert diverged["status"] == DIVERGED and diverged["step"] == recorded["step"] > 0
+        assert (
+            diverged["diverged_learning_rate"] == recorded["learning_rate"] and 0 < recorded["learning_rate"] <= 1e30
+        )
         assert "the training loss became nan" in recorded["message"] or "non-finite" in recorded["message"]
         for rate in RATES[:2]:
             run, logged = runs[size, variant, rate], study.evals[size, variant, rate]
@@ -262,8 +265,10 @@ def test_a_diverged_seed_or_a_missing_selection_loss_never_wins():
 
     for summary in summarise(synthetic_records(grid, outcome), grid):
         assert summary.best_learning_rate == 1e-3 and summary.edge == "extend the grid below 0.001"
-    all_diverged = summarise(synthetic_records(grid, lambda point: "diverged"), grid)
-    assert {s.status for s in all_diverged} == {"no rate selectable"}
+    diverged = synthetic_records(grid, lambda point: "diverged")
+    assert {s.status for s in summarise(diverged, grid)} == {"no rate selectable"}
+    test = verdicts(diverged, grid)[REMOVING, "1x16"]
+    assert test.verdict == "not tested" and test.runs.startswith("none, standard: no learning rate finished")
 
 
 @pytest.mark.parametrize(

@@ -201,9 +201,9 @@ def run_ablation(
     for number, point in enumerate(todo, 1):
         _train(point, grid, model_args, data_args, training_args)
         if main_process:
-            record = next(r for r in study_records(grid, root) if r.point == point)
-            print(f"[ablation] {number}/{len(todo)} {record.describe()}", flush=True)
-            write_report(study_records(grid, root), grid, root, figures=False)  # a killed study still reports
+            records = study_records(grid, root)
+            print(f"[ablation] {number}/{len(todo)} {next(r for r in records if r.point == point).describe()}")
+            write_report(records, grid, root, figures=False)  # a killed study still reports
     if not main_process:
         return []
     records = study_records(grid, root)

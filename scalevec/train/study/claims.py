@@ -94,11 +94,11 @@ def _paired(statement: str, ours: VariantSummary, theirs: list[VariantSummary]) 
     missing = [f"{s.variant} {run}" for s in compared for run in s.missing]
     if missing:
         return ClaimTest(statement, ours.size, _missing(missing), PREDICTIONS[expected], expected, INCOMPLETE)
-    unselectable = [s.variant for s in compared if s.status != SELECTED]
-    if unselectable and (not lowest or ours.variant in unselectable):
-        why = f"{', '.join(unselectable)}: no learning rate finished with a selection loss (diverged or unevaluated)"
+    selected = [s for s in theirs if s.status == SELECTED]  # the lowest-loss claim goes on without the others
+    if ours.status != SELECTED or not selected:
+        unselectable = ", ".join(s.variant for s in compared if s.status != SELECTED)
+        why = f"{unselectable}: no learning rate finished with a selection loss (diverged or not evaluated)"
         return ClaimTest(statement, ours.size, why, PREDICTIONS[expected], expected, UNTESTED)
-    selected = [s for s in theirs if s.status == SELECTED]
     differences = _below_lowest(ours, selected) if lowest else ours.differences
     flags = [f"{s.variant}: {s.edge}" for s in compared if s.edge]
     return _test(statement, ours.size, runs, expected, differences, flags)

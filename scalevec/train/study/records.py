@@ -7,6 +7,7 @@ A run is *finished* (its final `trainer_state.json` reached the last step), *div
 non-finite: `diverged.json` in its folder names the step), or *missing* (not run, running, or killed). Nothing
 here imports the Trainer: reading a finished study needs no training code."""
 
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -98,9 +99,8 @@ def read_record(grid: Grid, point: GridPoint, root: Path, status: str) -> RunRec
     record = RunRecord(point.size, point.variant, point.learning_rate, point.seed, status)
     record.non_embedding_parameters = grid.size(point.size).non_embedding_parameters
     if (folder / "config.json").is_file():
-        config = ScaleVecConfig.from_pretrained(folder)
-        record.total_parameters, record.active_parameters = parameter_counts(config)
-        record.scale_parameters = sum(scale_parameters(config).values())
+        counts = _counts(ScaleVecConfig.from_pretrained(folder).to_json_string())
+        record.total_parameters, record.active_parameters, record.scale_parameters = counts
     if status == DIVERGED:
         diverged = read_json(folder / DIVERGED_FILE) or {}
         record.step = int(diverged.get("step") or 0)
@@ -119,6 +119,13 @@ def read_record(grid: Grid, point: GridPoint, root: Path, status: str) -> RunRec
     record.eval_report_loss = evaluation.get("eval_report_loss")
     record.train_seconds = float(summary.get("wall_seconds") or metrics.get("train_runtime", 0.0))
     return record
+
+
+@functools.lru_cache(maxsize=256)  # a report reads every run: one count per size and variant, not per run
+def _counts(config_json: str) -> tuple[int, int, int]:
+    """(total, active, scale-vector) parameters of a model of the config `config_json`."""
+    config = ScaleVecConfig.from_dict(json.loads(config_json))
+    return (*parameter_counts(config), sum(scale_parameters(config).values()))
 
 
 def parameter_counts(config: ScaleVecConfig) -> tuple[int, int]:
