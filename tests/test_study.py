@@ -410,3 +410,13 @@ def test_a_grid_folder_holding_files_needs_resume(tmp_path, capsys):
     assert ablate.main(study_argv(tmp_path / "grid")) == 1
     assert f"--output-dir {run} already holds files; pass --resume" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "grid").rglob("*")) == ["1x16", "notes.txt", run.name]
+
+
+def test_an_older_results_json_gives_no_records_and_a_foreign_entry_is_refused(tmp_path):
+    grid = synthetic_grid()
+    older = {"size": "1x16", "variant": "none", "learning_rate": 1e-3, "seed": 0, "eval_loss": 3.0, "output_dir": "x"}
+    (tmp_path / "results.json").write_text(json.dumps({"runs": [older]}))
+    assert {r.status for r in ablate.study_records(grid, tmp_path)} == {MISSING}
+    (tmp_path / "results.json").write_text(json.dumps({"runs": [{"size": "1x16", "status": "finished", "hue": 1}]}))
+    with pytest.raises(ValueError, match="results.json: a run entry this version cannot read"):
+        ablate.study_records(grid, tmp_path)

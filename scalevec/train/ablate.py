@@ -38,7 +38,16 @@ from ..run_records import read_json
 from .cli import ModelArguments, _check_output_dir, _config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
 from .study.grid import Grid, GridPoint, build_sizes
-from .study.records import MISSING, RunRecord, grid_records, load_records, record_diverged, run_status
+from .study.records import (
+    DIVERGED,
+    FINISHED,
+    MISSING,
+    RunRecord,
+    grid_records,
+    load_records,
+    record_diverged,
+    run_status,
+)
 from .study.report import write_report
 from .study.variants import VARIANT_GROUPS, VARIANTS
 from .trainer import NonFiniteLossError, ScaleVecTrainingArguments
@@ -61,7 +70,7 @@ class AblationArguments:
         default=None,
         metadata={
             "help": "Comma-separated peak learning rates (default: --learning-rate); each size and variant is "
-            "compared at its best one."
+            "compared at its best one, chosen on the selection half of the held-out blocks."
         },
     )
     tokens_per_parameter: float | None = field(
@@ -202,13 +211,14 @@ def run_ablation(
         _train(point, grid, model_args, data_args, training_args)
         if main_process:
             records = study_records(grid, root)
-            print(f"[ablation] {number}/{len(todo)} {next(r for r in records if r.point == point).describe()}")
+            done_now = next(r for r in records if r.point == point)
+            print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
             write_report(records, grid, root, figures=False)  # a killed study still reports
     if not main_process:
         return []
     records = study_records(grid, root)
     print(*write_report(records, grid, root), sep="\n")
-    counts = {status: sum(r.status == status for r in records) for status in ("finished", "diverged", MISSING)}
+    counts = {status: sum(r.status == status for r in records) for status in (FINISHED, DIVERGED, MISSING)}
     print(
         f"[ablation] trained {len(todo)} runs; of the grid's {len(records)}: "
         + ", ".join(f"{count} {status}" for status, count in counts.items())

@@ -146,11 +146,14 @@ def record_diverged(folder: Path, step: int | None, learning_rate: float | None,
 
 
 def load_records(results: dict) -> dict[tuple, RunRecord]:
-    """The records of a `results.json` (as loaded), by `RunRecord.key`; entries of another version are refused."""
+    """The records of a `results.json` (as loaded), by `RunRecord.key`. A `results.json` written before runs had a
+    status holds none (its study's run folders are read instead); an entry of another kind is refused."""
     names = {f.name for f in fields(RunRecord)}
     records = {}
     for entry in results.get("runs", []):
-        if not isinstance(entry, dict) or not names >= set(entry) or "status" not in entry:
+        if isinstance(entry, dict) and "status" not in entry:
+            continue
+        if not isinstance(entry, dict) or not names >= set(entry):
             raise ValueError(f"results.json: a run entry this version cannot read: {entry!r}")
         record = RunRecord(**entry)
         records[record.key] = record
