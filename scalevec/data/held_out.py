@@ -8,9 +8,10 @@ Within a set the blocks are the first positions of a permutation with a fixed ke
 smaller budget's blocks are part of a larger one's. The evaluation holds their indices: 8 bytes a block.
 
 The evaluated blocks of each set fall into two fixed, disjoint halves (`evaluation_halves`: the even and the odd
-positions among them), logged beside `eval_loss` as `eval_select_loss` and `eval_report_loss`: a study picks each
-variant's learning rate on the selection half and measures differences on the report half, so that the number it
-reports was not also the one it chose by. The halves are the same on any number of processes.
+positions among them), whose losses `--eval-halves` (which scalevec-ablate sets) logs beside `eval_loss` as
+`eval_select_loss` and `eval_report_loss`: a study picks each variant's learning rate on the selection half and
+measures differences on the report half, so that the number it reports was not also the one it chose by. The halves
+are the same on any number of processes.
 """
 
 import re

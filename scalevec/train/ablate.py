@@ -282,6 +282,7 @@ def _train(
         seed=point.seed,
         learning_rate=point.learning_rate,
         max_steps=size.max_steps,
+        eval_halves=True,  # learning rates are chosen on one half of the held-out blocks, Δ reported on the other
         **variant.training_overrides(training_args.weight_decay),
     )
     model = replace(model_args, model_size=size.preset, config_overrides=size.config_overrides, **variant.model)

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..data import TrainingData
+from ..data.held_out import EVALUATION_HALVES
 from ..run_records import duration_text, logged_entries, loss_coverage, segments_text, whole_run
 from .throughput import device_peak_flops
 
@@ -177,6 +178,7 @@ def _evaluation_lines(evaluation: dict) -> list[str]:
     if "eval_loss" not in evaluation:
         return ["eval         none (no held-out data)"]
     names = [key[5:-5] for key in evaluation if key.endswith("_loss") and key != "eval_loss"]
+    names = [name for name in names if name not in EVALUATION_HALVES]  # halves of the blocks, not sets
     lines = []
     for label, prefix in [("eval        ", "eval"), *((f"  {name:<10}", f"eval_{name}") for name in names)]:
         parts = [f"loss {evaluation[f'{prefix}_loss']:.4f} nats per token"]

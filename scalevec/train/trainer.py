@@ -99,6 +99,13 @@ class ScaleVecTrainingArguments(TrainingArguments):
         metadata={"help": "Muon learning-rate scaling: 'match_rms_adamw' (same lr as AdamW) or 'original'."},
     )
     scale_stats: bool = field(default=True, metadata={"help": "Log per-site scale statistics and plot them."})
+    eval_halves: bool = field(
+        default=False,
+        metadata={
+            "help": "Also log the loss of two fixed, disjoint halves of the held-out blocks (eval_select_loss, "
+            "eval_report_loss), as scalevec-ablate does to choose learning rates on one and report on the other."
+        },
+    )
     peak_flops: float | None = field(
         default=None,
         metadata={"help": "Peak FLOP/s of one device, for MFU. Default: known GPUs by name (none on CPU)."},
@@ -294,9 +301,9 @@ class ScaleVecTrainer(Trainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Loss, perplexity, bits per byte and evaluated tokens on the held-out blocks (each set of a dict named in
         the metrics, `eval_<name>_loss`, beside the combined `eval_loss`), each block read once over all
-        processes and the sums all-reduced; the stock loop where the trainer was given `compute_metrics`. Also the
-        loss of each fixed half of the blocks (`evaluation_halves`), `eval_select_loss` and `eval_report_loss`: a
-        study picks its learning rate on the one and reports differences on the other."""
+        processes and the sums all-reduced; the stock loop where the trainer was given `compute_metrics`. With
+        `--eval-halves`, also the loss of each fixed half of the blocks (`evaluation_halves`), `eval_select_loss` and
+        `eval_report_loss`: a study picks its learning rate on the one and reports differences on the other."""
         if self.compute_metrics is not None or self.preprocess_logits_for_metrics is not None:
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         sets = self._held_out_sets(eval_dataset)
@@ -316,14 +323,16 @@ class ScaleVecTrainer(Trainer):
             self.args.device,
             self.compute_loss_context_manager,
         )
-        halves = [half for blocks in sets.values() for half in evaluation_halves(blocks)]
-        sums = torch.stack([evaluation.sums(model, half, self._token_bytes) for half in halves])
+        parts = 2 if getattr(self.args, "eval_halves", False) else 1  # each set's blocks whole, or in two halves
+        blocks = [part for whole in sets.values() for part in (evaluation_halves(whole) if parts == 2 else [whole])]
+        sums = torch.stack([evaluation.sums(model, part, self._token_bytes) for part in blocks])
         if self.args.world_size > 1:
             torch.distributed.all_reduce(sums)
         rows = [HeldOutSums(row[0], round(row[1]), round(row[2])) for row in sums.tolist()]
-        by_set = {name: rows[2 * k] + rows[2 * k + 1] for k, name in enumerate(sets)}
+        by_set = {name: sum(rows[parts * k : parts * (k + 1)], HeldOutSums()) for k, name in enumerate(sets)}
         metrics = held_out_metrics(by_set, metric_key_prefix, per_set=isinstance(next(iter(sets)), str))
-        metrics.update(_half_losses(rows, metric_key_prefix))
+        if parts == 2:
+            metrics.update(_half_losses(rows, metric_key_prefix))
         blocks, tokens = sum(len(blocks) for blocks in sets.values()), metrics[f"{metric_key_prefix}_tokens"]
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=blocks, num_tokens=tokens))
         self.log(metrics)
