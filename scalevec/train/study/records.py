@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ...atomic import write_text_atomically
 from ...configuration_scalevec import ScaleVecConfig
-from ...convert.meta_model import meta_state, scale_parameters
+from ...convert.meta_model import meta_state, num_parameters, scale_parameters
 from ...run_records import TRAINER_STATE, duration_text, logged_curve, read_json, read_run_records
 from .grid import Grid, GridPoint, Size
 
@@ -132,7 +132,7 @@ def parameter_counts(config: ScaleVecConfig) -> tuple[int, int]:
     """(total, active) parameters of a causal LM of `config`: a MoE layer's token uses `num_experts_per_tok` of its
     `num_experts` routed experts, so only that share of the experts' parameters is active."""
     state, _ = meta_state(config)
-    total = sum(t.numel() for t in state.values())
+    total = num_parameters(config)
     experts = sum(t.numel() for name, t in state.items() if ".mlp.experts." in name)
     routed, used = getattr(config, "num_experts", 0) or 0, getattr(config, "num_experts_per_tok", 0) or 0
     inactive = experts * (routed - used) // routed if routed else 0
