@@ -1,7 +1,8 @@
-"""The study of `scalevec-ablate` (sizes, learning rates, scaling fit, claims, shards): one tiny grid of 2 sizes x 2
-variants x 2 learning rates x 1 seed, trained by two shard processes at once over one folder, then reported by a
-third call that must train nothing; every figure of its report is checked against what the runs recorded. Also the
-scaling fits on synthetic data and the refusals of bad grids."""
+"""The study of `scalevec-ablate` (sizes, learning rates, diverged runs, held-out halves, shards, records): one tiny
+grid of 1 size x 2 variants x 3 learning rates (one of which diverges) x 1 seed, trained by two shard processes at
+once over one folder, then reported by a third call that must train nothing; every figure of its report is checked
+against what the runs recorded, and the report is written again from `results.json` alone. The verdicts, the
+learning-rate selection and the scaling fits are tested on synthetic records with known effects."""
 
 import contextlib
 import io
@@ -9,29 +10,38 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
+import textwrap
 from itertools import product
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from scipy import stats
 
+from scalevec.configuration_scalevec import ScaleVecConfig
+from scalevec.data.held_out import evaluation_halves
 from scalevec.train import ablate
 from scalevec.train.presets import MODEL_SIZES, size_fields
-from scalevec.train.study.claims import claim_verdicts, claims_markdown
-from scalevec.train.study.records import RunRecord
-from scalevec.train.study.scaling import POWER_LAW, SATURATING, fit_scaling
-from scalevec.train.study.summary import best_runs
+from scalevec.train.study.claims import LOWEST, SCALING, claim_verdicts, claims_markdown
+from scalevec.train.study.grid import Grid, build_sizes
+from scalevec.train.study.intervals import holm, paired_interval
+from scalevec.train.study.records import DIVERGED, FINISHED, MISSING, RunRecord, parameter_counts
+from scalevec.train.study.report import write_report
+from scalevec.train.study.scaling import scaling_fits
+from scalevec.train.study.summary import best_runs, summarise
 
-from ._helpers import SUBPROCESS_ENV, log_history, train_argv
+from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, train_argv
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SIZES, VARIANTS, RATES, SEED = ("1x16", "1x32"), ("none", "standard"), (0.01, 0.03), 5
+SIZES, VARIANTS, RATES, SEED = ("1x16",), ("none", "standard"), (0.01, 0.03, 1e30), 5
 GRID = {(size, variant, rate) for size, variant, rate in product(SIZES, VARIANTS, RATES)}
 TRAINED = re.compile(r"^\[ablation\] \d+/\d+ (\S+) (\S+) lr (\S+) seed (\d+):", re.MULTILINE)
 # The non-embedding parameters of one layer of hidden H, one head, SwiGLU width W: q, k, v, o (4 H^2) and 3 H W.
 PARAMETERS = {"1x16": 4 * 16 * 16 + 3 * 16 * 48, "1x32": 4 * 32 * 32 + 3 * 32 * 96}
+REMOVING = "Removing the scale vectors hurts"
 
 
 def study_argv(root, *extra: str) -> list[str]:
@@ -41,13 +51,14 @@ def study_argv(root, *extra: str) -> list[str]:
     return [*grid, *train_argv(root, *flags, *extra, steps=6)]
 
 
-def final_eval_loss(size: str, variant: str, rate: float, root) -> float:
+def final_evaluation(size: str, variant: str, rate: float, root) -> dict:
     run = root / size / f"{variant}-lr{rate:g}-seed{SEED}"
-    return [entry["eval_loss"] for entry in log_history(run) if "eval_loss" in entry][-1]
+    return [entry for entry in log_history(run) if "eval_loss" in entry][-1]
 
 
 def state_times(root) -> dict:
-    return {path: path.stat().st_mtime_ns for path in root.glob("*/*/trainer_state.json")}
+    files = [*root.glob("*/*/trainer_state.json"), *root.glob("*/*/diverged.json")]
+    return {path: path.stat().st_mtime_ns for path in files}
 
 
 def run_in_process(argv: list[str]) -> str:
@@ -72,6 +83,7 @@ def study(tmp_path_factory):
     outputs.append(out)
     before = state_times(root)
     report = run_in_process(study_argv(root, "--resume", "true"))
+    finite = [key for key in GRID if key[2] < 1]
     return SimpleNamespace(
         root=root,
         shard_outputs=outputs,
@@ -79,136 +91,270 @@ def study(tmp_path_factory):
         report=report,
         times=(before, state_times(root)),
         results=json.loads((root / "results.json").read_text()),
-        evals={key: final_eval_loss(*key, root) for key in GRID},
+        evals={key: final_evaluation(*key, root) for key in finite},
     )
 
 
 def test_two_shards_train_disjoint_halves_whose_union_is_the_grid(study):
     first, second = study.trained
-    assert len(first) == len(second) == 4 and not first & second and first | second == GRID
+    assert len(first) == len(second) == 3 and not first & second and first | second == GRID
     for index, output in enumerate(study.shard_outputs):
-        assert "grid: 2 sizes x 2 variants x 2 learning rates x 1 seed = 8 runs" in output
-        assert f"shard {index}/2: 4 of the 8 runs (shares of 4, 4); finished already: 0; to train now: 4" in output
+        assert "grid: 1 size x 2 variants x 3 learning rates x 1 seed = 6 runs" in output
+        assert f"shard {index}/2: 3 of the 6 runs (shares of 3, 3); finished or diverged already: 0" in output
     assert "1x16: 1 layer, hidden 16, 1 head (1 key-value), SwiGLU 48; N = 3,328 non-embedding" in output
     assert "6 steps x 128 tokens = 768 tokens a run" in output
     assert not list(study.root.glob("**/*.tmp*"))  # the shards wrote the shared files without leaving pieces
 
 
-def test_a_report_call_after_the_shards_trains_nothing(study):
-    assert "all 8 runs; finished already: 8; to train now: 0" in study.report
-    assert "[ablation] trained 0 runs; 8 of the grid's 8 have finished" in study.report
+def test_a_report_call_after_the_shards_trains_nothing_and_keeps_the_diverged_runs(study):
+    assert "all 6 runs; finished or diverged already: 6; to train now: 0" in study.report
+    assert "[ablation] trained 0 runs; of the grid's 6: 4 finished, 2 diverged, 0 missing" in study.report
     before, after = study.times
-    assert len(before) == 8 and after == before
-    assert "# scalevec-ablate: 8 of 8 runs finished" in study.report
+    assert len(before) == 6 and after == before
+    assert "# scalevec-ablate: 4 of 6 runs finished" in study.report
+    assert "Runs: 4 finished, 2 diverged, 0 missing, of the grid's 6." in study.report
 
 
-def test_each_variant_is_compared_at_its_best_learning_rate(study):
-    summary = {(s["size"], s["variant"]): s for s in study.results["summary"]}
-    assert set(summary) == set(product(SIZES, VARIANTS))
-    best = {}
-    for (size, variant), entry in summary.items():
-        best[size, variant] = min(RATES, key=lambda rate: study.evals[size, variant, rate])
-        assert entry["best_learning_rate"] == best[size, variant]
-        assert entry["eval_loss_mean"] == pytest.approx(study.evals[size, variant, best[size, variant]], abs=1e-12)
-        losses = {r["learning_rate"]: r["eval_loss_mean"] for r in entry["learning_rates"]}
-        assert losses == pytest.approx({rate: study.evals[size, variant, rate] for rate in RATES}, abs=1e-12)
-    for size in SIZES:  # none minus standard, each at its own best learning rate, in the one seed
-        none, standard = (
-            study.evals[size, "none", best[size, "none"]],
-            study.evals[size, "standard", best[size, "standard"]],
+def test_a_diverging_rate_is_recorded_and_the_selection_goes_around_it(study):
+    runs = {(r["size"], r["variant"], r["learning_rate"]): r for r in study.results["runs"]}
+    assert len(runs) == 6
+    for size, variant in product(SIZES, VARIANTS):
+        diverged = runs[size, variant, 1e30]
+        recorded = json.loads((study.root / size / f"{variant}-lr1e+30-seed{SEED}" / "diverged.json").read_text())
+        assert diverged["status"] == DIVERGED and diverged["step"] == recorded["step"] > 0
+        assert (
+            diverged["diverged_learning_rate"] == recorded["learning_rate"] and 0 < recorded["learning_rate"] <= 1e30
         )
-        entry = summary[size, "none"]
-        assert (entry["reference"], entry["reference_learning_rate"]) == ("standard", best[size, "standard"])
-        assert entry["differences"] == pytest.approx({str(SEED): none - standard}, abs=1e-12)
-    table = (study.root / "results.md").read_text()
-    row = next(line for line in table.splitlines() if line.startswith("| none | "))
-    assert row.startswith(f"| none | {best['1x16', 'none']:g} | {summary['1x16', 'none']['eval_loss_mean']:.4f} |")
-
-
-def test_a_scaling_fit_per_variant_and_its_figure(study):
-    sizes = {size["name"]: size for size in study.results["grid"]["sizes"]}
-    assert {name: size["non_embedding_parameters"] for name, size in sizes.items()} == PARAMETERS
-    summary = {(s["size"], s["variant"]): s["eval_loss_mean"] for s in study.results["summary"]}
-    for variant in VARIANTS:
-        fit = study.results["scaling"][variant]
-        assert fit["form"] == POWER_LAW and fit["E"] is None  # two sizes: the plain power law
-        small, large = summary["1x16", variant], summary["1x32", variant]
-        slope = math.log(large / small) / math.log(PARAMETERS["1x32"] / PARAMETERS["1x16"])
-        assert fit["alpha"] == pytest.approx(-slope, rel=1e-9)
-        assert fit["A"] * PARAMETERS["1x16"] ** -fit["alpha"] == pytest.approx(small, rel=1e-9)
-    assert (study.root / "scaling.png").read_bytes().startswith(PNG_SIGNATURE)
-    assert (study.root / "loss_curves.png").read_bytes().startswith(PNG_SIGNATURE)
-
-
-def test_claims_have_verdicts_from_the_runs_own_numbers(study):
-    claims = (study.root / "claims.md").read_text()
-    assert claims in study.report and "holds** at a size when Δ has the predicted sign in every seed" in claims
+        assert "the training loss became nan" in recorded["message"] or "non-finite" in recorded["message"]
+        for rate in RATES[:2]:
+            run, logged = runs[size, variant, rate], study.evals[size, variant, rate]
+            assert run["status"] == FINISHED
+            assert (run["eval_select_loss"], run["eval_report_loss"]) == (
+                logged["eval_select_loss"],
+                logged["eval_report_loss"],
+            )
+            assert run["train_loss"] == logged_losses(study.root / size / f"{variant}-lr{rate:g}-seed{SEED}")[-1]
+            assert run["tokens"] == 6 * 4 * 32 and run["non_embedding_parameters"] == PARAMETERS[size]
+        assert runs[size, "none", 0.01]["scale_parameters"] == 0 < runs[size, "standard", 0.01]["scale_parameters"]
     summary = {(s["size"], s["variant"]): s for s in study.results["summary"]}
     for size in SIZES:
-        difference = summary[size, "none"]["differences"][str(SEED)]
-        verdict = "holds" if difference > 0 else "does not hold"
-        rate, reference_rate = (summary[size, v]["best_learning_rate"] for v in VARIANTS)
-        row = next(
-            line for line in claims.splitlines() if line.startswith(f"| Removing the scale vectors hurts | {size} |")
+        best = {v: min(RATES[:2], key=lambda rate: study.evals[size, v, rate]["eval_select_loss"]) for v in VARIANTS}
+        for variant in VARIANTS:
+            assert summary[size, variant]["best_learning_rate"] == best[variant]
+        report = {v: study.evals[size, v, best[v]]["eval_report_loss"] for v in VARIANTS}
+        assert summary[size, "none"]["differences"] == {str(SEED): report["none"] - report["standard"]}
+        row = next(line for line in (study.root / "claims.md").read_text().splitlines() if f"| {size} |" in line)
+        assert row.startswith(
+            f"| {REMOVING} | {size} | none (lr {best['none']:g}) − standard (lr {best['standard']:g})"
         )
-        assert f"| none (lr {rate:g}) − standard (lr {reference_rate:g}) | Δ > 0 | {SEED}: {difference:+.4f} |" in row
-        assert row.endswith(f"| {verdict} |")
-    for claim in ("Branch-specific norm scales help", "Unified scales more favourably than standard"):
-        row = next(line for line in claims.splitlines() if line.startswith(f"| {claim} |"))
-        assert row.endswith("| not tested by this grid |")
-    verdicts = {(c["claim"], c["size"]): c["verdict"] for c in study.results["claims"]}
-    assert verdicts["Removing the scale vectors hurts", "1x16"] in ("holds", "does not hold")
+        assert "| unresolved (1 seed; needs 3) |" in row
 
 
-def test_verdicts_follow_every_seed():
-    """Synthetic runs at two sizes and two seeds: a claim holds only where every seed agrees."""
-    losses = {  # (size, variant) -> final eval loss in seeds 0 and 1
-        ("a", "standard"): (4.0, 4.1),
-        ("a", "none"): (4.05, 4.12),
-        ("a", "branch"): (3.95, 3.98),
-        ("a", "unified"): (3.9, 4.0),
-        ("b", "standard"): (3.5, 3.6),
-        ("b", "none"): (3.49, 3.7),
-        ("b", "branch"): (3.45, 3.55),
-        ("b", "unified"): (3.3, 3.35),
+def test_the_evaluation_halves_split_the_evaluated_blocks(study):
+    select, report = evaluation_halves(list(range(7)))
+    assert (list(select), list(report)) == ([0, 2, 4, 6], [1, 3, 5])
+    for evaluation in study.evals.values():  # blocks of 32 tokens predict 31 each; the select half has the odd one
+        blocks = evaluation["eval_tokens"] // 31
+        chosen, other = (blocks + 1) // 2, blocks // 2
+        assert blocks >= 2 and evaluation["eval_select_loss"] != evaluation["eval_report_loss"]
+        combined = (chosen * evaluation["eval_select_loss"] + other * evaluation["eval_report_loss"]) / blocks
+        assert combined == pytest.approx(evaluation["eval_loss"], abs=1e-9)
+
+
+def test_report_only_over_a_lone_results_json_writes_the_same_reports(study, tmp_path):
+    lone = tmp_path / "records"
+    lone.mkdir()
+    shutil.copy(study.root / "results.json", lone / "results.json")
+    output = run_in_process(study_argv(lone, "--report-only", "true"))
+    assert "report only: training nothing" in output
+    for name in ("results.json", "results.md", "claims.md"):
+        assert (lone / name).read_bytes() == (study.root / name).read_bytes(), name
+    assert (study.root / "loss_curves.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert not (lone / "loss_curves.png").exists()  # the run folders' curves are not in the records
+
+
+def test_a_fresh_process_rewrites_the_reports_from_records_without_the_trainer(study, tmp_path):
+    script = f"""
+        import sys
+        from pathlib import Path
+        from scalevec.train.study.records import read_results
+        from scalevec.train.study.report import write_report
+        grid, records = read_results(Path({str(study.root / "results.json")!r}))
+        write_report(records, grid, Path({str(tmp_path)!r}))
+        training = ("scalevec.train.trainer", "scalevec.train.cli", "transformers.trainer")
+        loaded = [m for m in training if m in sys.modules]
+        print("loaded:", loaded)
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **SUBPROCESS_ENV},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "loaded: []" in result.stdout
+    for name in ("results.md", "claims.md"):
+        assert (tmp_path / name).read_bytes() == (study.root / name).read_bytes(), name
+
+
+def test_report_only_on_a_missing_folder_is_refused(tmp_path, capsys):
+    assert ablate.main(study_argv(tmp_path / "typo", "--report-only", "true")) == 1
+    assert f"--output-dir {tmp_path / 'typo'}: no such folder, so nothing to report" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()
+
+
+# Synthetic records: each point's (selection-half, report-half, training) loss, "diverged", or None (missing).
+
+
+def synthetic_grid(sizes=("1x16",), variants=("none", "standard"), rates=(1e-3, 3e-3), seeds=(0, 1, 2, 3)) -> Grid:
+    return Grid(build_sizes(list(sizes), "tiny", {}, 128, None, 6), list(variants), list(rates), list(seeds))
+
+
+def synthetic_records(grid: Grid, outcome) -> list[RunRecord]:
+    records = []
+    for point in grid.points():
+        n = grid.size(point.size).non_embedding_parameters
+        result = outcome(point)
+        record = RunRecord(point.size, point.variant, point.learning_rate, point.seed, MISSING)
+        record.non_embedding_parameters, record.total_parameters, record.active_parameters = n, 2 * n, 2 * n
+        if result == "diverged":
+            record.status, record.step = DIVERGED, 3
+        elif result is not None:
+            select, report, train = result
+            record.status, record.step, record.tokens, record.train_seconds = FINISHED, 6, 768, 1.0
+            record.eval_select_loss, record.eval_report_loss, record.train_loss = select, report, train
+            record.eval_loss = None if select is None else (select + report) / 2
+        records.append(record)
+    return records
+
+
+def verdicts(records: list[RunRecord], grid: Grid, fits: list | None = None) -> dict:
+    """(claim, size) -> its test; `fits`, when given, receives the scaling fits the claims were judged on."""
+    summaries = summarise(records, grid)
+    found = scaling_fits(best_runs(records, summaries), [s.name for s in grid.sizes], len(grid.seeds))
+    (fits if fits is not None else []).extend(found)
+    return {(t.claim, t.size): t for t in claim_verdicts(summaries, found, [s.name for s in grid.sizes])}
+
+
+def test_the_selection_ranks_by_the_selection_half_and_reports_the_other():
+    """At 1e-3 the selection half is lowest; training loss and the report half favour 3e-3: the best rate is 1e-3,
+    and Δ comes from the report half at 1e-3."""
+    grid = synthetic_grid()
+
+    def outcome(point):
+        shift = 0.2 if point.variant == "none" else 0.0
+        if point.learning_rate == 1e-3:
+            return 3.0 + shift, 3.5 + shift + 0.01 * point.seed, 2.5
+        return 3.1 + shift, 3.2 + shift, 2.0
+
+    summaries = {s.variant: s for s in summarise(synthetic_records(grid, outcome), grid)}
+    assert summaries["none"].best_learning_rate == summaries["standard"].best_learning_rate == 1e-3
+    assert summaries["none"].differences == pytest.approx({seed: 0.2 for seed in grid.seeds})
+    assert summaries["none"].edge == "extend the grid below 0.001"
+
+
+def test_a_diverged_seed_or_a_missing_selection_loss_never_wins():
+    grid = synthetic_grid(rates=(1e-3, 3e-3, 1e-2))
+
+    def outcome(point):
+        if point.learning_rate == 1e-2:  # the lowest selection loss, but one seed diverged
+            return "diverged" if point.seed == 2 else (1.0, 1.0, 1.0)
+        if point.learning_rate == 3e-3:  # the next lowest, but one seed's loss was not finite (not recorded)
+            return (None if point.seed == 1 else 2.0), 2.0, 2.0
+        return 3.0, 3.0, 3.0
+
+    for summary in summarise(synthetic_records(grid, outcome), grid):
+        assert summary.best_learning_rate == 1e-3 and summary.edge == "extend the grid below 0.001"
+    diverged = synthetic_records(grid, lambda point: "diverged")
+    assert {s.status for s in summarise(diverged, grid)} == {"no rate selectable"}
+    test = verdicts(diverged, grid)[REMOVING, "1x16"]
+    assert test.verdict == "not tested" and test.runs.startswith("none, standard: no learning rate finished")
+
+
+@pytest.mark.parametrize(
+    "effects, verdict",
+    [
+        ([0.10, 0.12, 0.09, 0.11], "holds"),
+        ([-0.10, -0.12, -0.09, -0.11], "contradicted"),
+        ([0.10, -0.12, 0.02, 0.01], "unresolved"),
+        ([0.3, 0.4], "unresolved"),  # two seeds: unresolved whatever their signs
+        ([0.10, 0.10, 0.10, 0.10, -0.001], "holds"),  # one seed against: the interval still excludes 0
+        ([0.0001], "unresolved"),
+    ],
+)
+def test_verdicts_come_from_the_paired_interval(effects, verdict):
+    grid = synthetic_grid(seeds=tuple(range(len(effects))))
+
+    def outcome(point):
+        return 3.0, 3.0 + (effects[point.seed] if point.variant == "none" else 0.0), 3.0
+
+    test = verdicts(synthetic_records(grid, outcome), grid)[REMOVING, "1x16"]
+    assert test.verdict == verdict
+    n, mean = len(effects), float(np.mean(effects))
+    if n == 1:
+        assert test.interval.mean == pytest.approx(mean) and "| unresolved (1 seed; needs 3) |" in claim_row(test)
+        return
+    half = stats.t.ppf(0.975, n - 1) * np.std(effects, ddof=1) / math.sqrt(n)
+    assert (test.interval.mean, test.interval.low, test.interval.high) == pytest.approx(
+        (mean, mean - half, mean + half)
+    )
+
+
+def claim_row(test) -> str:
+    return claims_markdown([test], "synthetic", []).splitlines()[-1]
+
+
+def test_one_shard_of_two_gives_incomplete_rows_naming_the_missing_runs(tmp_path):
+    grid = synthetic_grid(variants=("none", "standard", "unified"), seeds=(0, 1, 2))
+    shard = set(grid.shard(0, 2))
+    records = synthetic_records(grid, lambda point: (3.0, 3.0, 3.0) if point in shard else None)
+    tests = verdicts(records, grid)
+    assert tests[REMOVING, "1x16"].verdict == tests[LOWEST, "1x16"].verdict == "incomplete"
+    assert tests[REMOVING, "1x16"].runs.startswith("missing: none lr 0.003 seed 0, ")
+    results, claims = write_report(records, grid, tmp_path, figures=False)
+    assert "Runs: 9 finished, 0 diverged, 9 missing, of the grid's 18." in claims
+    assert "| none | incomplete: 3 missing |" in results
+    assert json.loads((tmp_path / "results.json").read_text())["counts"] == {
+        "finished": 9,
+        "diverged": 0,
+        "missing": 9,
     }
-    parameters = {"a": 1000, "b": 8000}
-    records = [
-        RunRecord(size, variant, 1e-3, seed, parameters[size], loss, loss, 0, 0.0, 0, "")
-        for (size, variant), pair in losses.items()
-        for seed, loss in enumerate(pair)
-    ]
-    tests = {(t.claim, t.size): t for t in claim_verdicts(best_runs(records), ["a", "b"])}
-    removing = "Removing the scale vectors hurts"
-    assert tests[removing, "a"].verdict == "holds"
-    assert tests[removing, "b"].differences == pytest.approx({0: -0.01, 1: 0.1})
-    assert (tests[removing, "b"].held, tests[removing, "b"].verdict) == ([1], "does not hold")
-    assert tests["Branch-specific norm scales help", "a"].verdict == "holds"
-    lowest = "Unified has the lowest terminal loss of the strategies"
-    assert tests[lowest, "a"].differences == pytest.approx({0: 3.9 - 3.95, 1: 4.0 - 3.98})
-    assert (tests[lowest, "a"].verdict, tests[lowest, "b"].verdict) == ("does not hold", "holds")
-    scaling = tests["Unified scales more favourably than standard", "all"]
-    slope = math.log(parameters["b"] / parameters["a"])
-    alphas = {
-        v: [-math.log(losses["b", v][s] / losses["a", v][s]) / slope for s in (0, 1)] for v in ("unified", "standard")
-    }
-    assert scaling.differences == pytest.approx({s: alphas["unified"][s] - alphas["standard"][s] for s in (0, 1)})
-    assert scaling.verdict == "holds"
-    assert tests["Decaying output-role scales hurts", "-"].verdict == "not tested by this grid"
-    table = claims_markdown(list(tests.values()), "synthetic")
-    assert "| Δ > 0 | 0: -0.0100, 1: +0.1000 | 1 of 2 (1) | does not hold |" in table
 
 
-def test_scaling_fits_recover_known_laws():
-    parameters = np.geomspace(1e4, 1e7, 6)
-    saturating = fit_scaling(list(parameters), list(2.0 + 50.0 * parameters**-0.3))
-    assert saturating.form == SATURATING
-    assert (saturating.E, saturating.A, saturating.alpha) == pytest.approx((2.0, 50.0, 0.3), rel=1e-3)
-    assert saturating.rms < 1e-4
-    power = fit_scaling(list(parameters[:3]), list(20.0 * parameters[:3] ** -0.1))  # 3 sizes: a power law
-    assert (power.form, power.E) == (POWER_LAW, None)
-    assert (power.A, power.alpha) == pytest.approx((20.0, 0.1), rel=1e-9)
-    assert fit_scaling([1e4, 1e4], [3.0, 3.1]) is None  # one size
+def test_holm_adjusts_over_every_tested_row():
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5]) == [0.5]
+    assert paired_interval([0.2]).p_value == 1.0
+    grid = synthetic_grid(seeds=(0, 1, 2))  # one tested row: Holm changes nothing
+    records = synthetic_records(grid, lambda p: (3.0, 3.0 + (0.1 + 0.01 * p.seed) * (p.variant == "none"), 3.0))
+    test = verdicts(records, grid)[REMOVING, "1x16"]
+    assert (test.holm_p_value, test.holm_verdict) == (pytest.approx(test.interval.p_value), "holds")
+
+
+def test_a_bootstrap_fit_recovers_the_exponent_inside_its_interval():
+    sizes = ("1x16", "1x32", "2x32", "2x64", "4x64")
+    grid = synthetic_grid(sizes=sizes, variants=("standard", "unified"), rates=(1e-3,), seeds=(0, 1, 2, 3))
+    rng = np.random.default_rng(3)
+    noise = {seed: rng.normal(0, 0.004, len(sizes)) for seed in grid.seeds}
+    alphas = {"standard": 0.3, "unified": 0.45}
+
+    def outcome(point):
+        n = 2 * grid.size(point.size).non_embedding_parameters  # total parameters, as the claim counts them
+        loss = (2.0 + 40.0 * n ** -alphas[point.variant]) * math.exp(noise[point.seed][sizes.index(point.size)])
+        return loss, loss, loss
+
+    fits = []
+    scaling = verdicts(synthetic_records(grid, outcome), grid, fits)[SCALING, "all"]
+    assert {(fit.variant, fit.counted) for fit in fits} == set(product(alphas, ("non-embedding", "total")))
+    for fit in (fit for fit in fits if fit.counted == "total"):  # the claim's count: the one the losses follow
+        low, high = fit.alpha_interval
+        assert low < alphas[fit.variant] < high and high - low < 0.3 and abs(fit.alpha - alphas[fit.variant]) < 0.1
+        assert fit.E_interval[0] < 2.0 < fit.E_interval[1] and fit.E_bound is None
+    assert scaling.verdict == "holds" and scaling.interval.low > 0
+    two_sizes = synthetic_grid(sizes=sizes[:3], variants=("standard", "unified"), rates=(1e-3,))
+    untested = verdicts(synthetic_records(two_sizes, outcome), two_sizes)[SCALING, "-"]
+    assert (untested.verdict, untested.runs) == ("not tested", "needs 4 sizes or more; the grid has 3")
 
 
 def test_sizes_budgets_and_shards(tmp_path):
@@ -229,9 +375,13 @@ def test_sizes_budgets_and_shards(tmp_path):
     grid = ablate.build_grid(*arguments)
     # 4 sequences of 32 tokens a step: ceil(2 N / 128) steps
     assert [size.max_steps for size in grid.sizes] == [math.ceil(2 * PARAMETERS[s] / 128) for s in SIZES]
-    shares = [grid.shard(i, 3) for i in range(3)]
-    assert [len(share) for share in shares] == [3, 3, 2] and set().union(*shares) == set(grid.points())
-    assert [grid.shard(i, 3) for i in range(3)] == shares  # the same split every time
+    shares = [grid.shard(i, 4) for i in range(4)]
+    assert [len(share) for share in shares] == [2, 2, 1, 1] and set().union(*shares) == set(grid.points())
+    assert [grid.shard(i, 4) for i in range(4)] == shares  # the same split every time
+    ladder = synthetic_grid(sizes=("1x16", "1x32"), rates=(1e-3, 3e-3), seeds=(0, 1, 2))
+    for index in range(4):  # every shard holds an even share (within one run) of every size
+        counts = [sum(p.size == size for p in ladder.shard(index, 4)) for size in ("1x16", "1x32")]
+        assert counts == [3, 3]
 
 
 @pytest.mark.parametrize(
@@ -244,6 +394,8 @@ def test_sizes_budgets_and_shards(tmp_path):
         (["--tokens-per-parameter", "20"], "--tokens-per-parameter sets each size's --max-steps: give one of the two"),
         (["--shard", "2/2"], "--shard '2/2': give I/N with 0 <= I < N"),
         (["--learning-rates", "1e-3,fast"], "--learning-rates must be comma-separated numbers >= 0"),
+        (["--eval-every", "0"], "scalevec-ablate chooses each learning rate on held-out data"),
+        (["--max-eval-tokens", "40"], "--max-eval-tokens 40: scalevec-ablate needs 2 held-out blocks"),
     ],
 )
 def test_bad_grids_are_refused_with_one_line(flags, message, tmp_path, capsys):
@@ -253,9 +405,31 @@ def test_bad_grids_are_refused_with_one_line(flags, message, tmp_path, capsys):
 
 
 def test_a_grid_folder_holding_files_needs_resume(tmp_path, capsys):
-    run = tmp_path / "grid" / "1x32" / f"standard-lr0.03-seed{SEED}"
+    run = tmp_path / "grid" / "1x16" / f"standard-lr0.03-seed{SEED}"
     run.mkdir(parents=True)
     (run / "notes.txt").write_text("mine")
     assert ablate.main(study_argv(tmp_path / "grid")) == 1
     assert f"--output-dir {run} already holds files; pass --resume" in capsys.readouterr().err
-    assert sorted(p.name for p in (tmp_path / "grid").rglob("*")) == ["1x32", "notes.txt", run.name]
+    assert sorted(p.name for p in (tmp_path / "grid").rglob("*")) == ["1x16", "notes.txt", run.name]
+
+
+def test_an_older_results_json_gives_no_records_and_a_foreign_entry_is_refused(tmp_path):
+    grid = synthetic_grid()
+    older = {"size": "1x16", "variant": "none", "learning_rate": 1e-3, "seed": 0, "eval_loss": 3.0, "output_dir": "x"}
+    (tmp_path / "results.json").write_text(json.dumps({"runs": [older]}))
+    assert {r.status for r in ablate.study_records(grid, tmp_path)} == {MISSING}
+    (tmp_path / "results.json").write_text(json.dumps({"runs": [{"size": "1x16", "status": "finished", "hue": 1}]}))
+    with pytest.raises(ValueError, match="results.json: a run entry this version cannot read"):
+        ablate.study_records(grid, tmp_path)
+
+
+def test_active_parameters_count_the_experts_a_token_uses():
+    """2 layers of 4 experts, 2 a token: half of each layer's expert tensors (weights and their scales) are idle."""
+    moe = ScaleVecConfig(**size_fields("2x64", base="tiny-moe"))
+    total, active = parameter_counts(moe)
+    # a layer's experts: gate_up 4 x 128 x 64, down 4 x 64 x 64, and their scales (4 x (2 + 128 + 2 + 128 + 1 + 64))
+    per_layer = 4 * 128 * 64 + 4 * 64 * 64 + 4 * (2 + 128 + 2 + 128 + 1 + 64)
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.num_hidden_layers) == (4, 2, 2)
+    assert total - active == 2 * per_layer // 2
+    dense = ScaleVecConfig(**size_fields("2x64"))
+    assert parameter_counts(dense)[0] == parameter_counts(dense)[1] > 0

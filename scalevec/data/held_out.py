@@ -6,6 +6,12 @@ The budget is split between the held-out sets by weight (a mixture's weights: th
 the training mixture), a set with fewer blocks than its share evaluated whole and the rest shared by the others.
 Within a set the blocks are the first positions of a permutation with a fixed key (`evaluation_blocks`), so a
 smaller budget's blocks are part of a larger one's. The evaluation holds their indices: 8 bytes a block.
+
+The evaluated blocks of each set fall into two fixed, disjoint halves (`evaluation_halves`: the even and the odd
+positions among them), whose losses `--eval-halves` (which scalevec-ablate sets) logs beside `eval_loss` as
+`eval_select_loss` and `eval_report_loss`: a study picks each variant's learning rate on the selection half and
+measures differences on the report half, so that the number it reports was not also the one it chose by. The halves
+are the same on any number of processes.
 """
 
 import re
@@ -23,6 +29,7 @@ from .sources import COMPRESSIONS, FORMATS
 
 DEFAULT_EVAL_TOKENS = 1 << 20
 DEFAULT_TASK_EXAMPLES = 500  # items of each multiple-choice task an evaluation scores (scalevec/train/tasks.py)
+EVALUATION_HALVES = ("select", "report")  # in metric names: eval_select_loss, eval_report_loss
 _SUFFIXES = (*COMPRESSIONS, *FORMATS)  # what a data file's name ends with
 
 
@@ -77,6 +84,11 @@ def evaluation_sets(
     }
 
 
+def evaluation_halves(blocks: torch.utils.data.Dataset) -> tuple[Subset, Subset]:
+    """The selection half (even positions) and the report half (odd positions) of a set's evaluated blocks."""
+    return Subset(blocks, range(0, len(blocks), 2)), Subset(blocks, range(1, len(blocks), 2))
+
+
 def recorded_evaluation(eval_record: dict) -> dict[str, Subset]:
     """The blocks each evaluation of a run read, from what it recorded (`training_data.json`'s "eval")."""
     return {
@@ -97,7 +109,7 @@ def set_names(entries: Sequence[str]) -> list[str]:
             name = name[: name.rindex(".")]
         name = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or "data"
         unique, number = name, 1
-        while unique in names:
+        while unique in names or unique in EVALUATION_HALVES:  # eval_select_loss names the half
             number += 1
             unique = f"{name}_{number}"
         names.append(unique)

@@ -3,9 +3,10 @@
 from ..data import DataArguments, build_training_data, default_corpus_file, default_tokenizer
 from .optim import DecayConfig, MuonAdamW, parameter_groups
 from .presets import MODEL_SIZES
-from .trainer import NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
 
 _FROM_CLI = ("ModelArguments", "TrainResult", "train")
+# `.trainer` (and the transformers Trainer behind it) loads on first use too: reading a finished study needs none.
+_FROM_TRAINER = ("NonFiniteLossError", "ScaleVecTrainer", "ScaleVecTrainingArguments")
 
 __all__ = [
     "MODEL_SIZES",
@@ -32,4 +33,8 @@ def __getattr__(name: str):
         from . import cli
 
         return getattr(cli, name)
+    if name in _FROM_TRAINER:
+        from . import trainer
+
+        return getattr(trainer, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

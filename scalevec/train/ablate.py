@@ -12,10 +12,19 @@ Every `scalevec-train` option applies to all runs, except what each grid point s
 scales' weight decay (the variant), the model's dimensions (--sizes), --learning-rate (--learning-rates), --seed
 (--seeds) and --max-steps (--tokens-per-parameter). Within a seed every variant of a size starts from the same
 initial matrices and reads the same batches in the same order, so variants are compared seed by seed (paired
-differences). Each run has its own folder, SIZE/VARIANT-lrLR-seedSEED; with `--resume`, finished runs are reused,
-so sizes, variants, learning rates or seeds can be added later and shards can be restarted. The report (`results.md`,
-`results.json`, `claims.md`, `loss_curves.png`, `scaling.png`) is written from the runs of the grid that finished,
-whichever process trained them, and again after every run, so a killed study still reports what finished.
+differences). Each run has its own folder, SIZE/VARIANT-lrLR-seedSEED; with `--resume`, finished and diverged runs
+are reused, so sizes, variants, learning rates or seeds can be added later and shards can be restarted.
+
+A run whose loss or weights become non-finite is recorded as diverged (`diverged.json` in its folder: the step and
+its learning rate) and the shard goes on: a diverged rate is a result, which loses the learning-rate selection. Each
+variant's learning rate is chosen on one half of the held-out blocks (`eval_select_loss`) and compared on the other
+(`eval_report_loss`), so the study needs held-out data (the default --eval-every, or --eval-dataset) and refuses to
+start without it. The report (`results.md`, `results.json`, `claims.md`, `loss_curves.png`, `scaling.png`) leads
+with the runs finished, diverged and missing, names what each unfinished comparison lacks (*incomplete*), and gives
+each claim a 95 % interval over seeds and a verdict (`study.intervals`). It is written from the records of the
+grid's runs, whichever process trained them, and again after every run, so a killed study still reports what
+finished; `results.json` holds every run's record, and `--report-only true` over a folder that holds only it writes
+the same text reports.
 """
 
 import sys
@@ -25,11 +34,21 @@ from pathlib import Path
 from ..atomic import exit_status
 from ..configuration_scalevec import SCALE_FIELDS
 from ..data import DataArguments
+from ..run_records import read_json
 from .branches import plan_budgets, unfinished_budgets
 from .cli import ModelArguments, _check_output_dir, _config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
 from .study.grid import Grid, GridPoint, build_sizes
-from .study.records import RunRecord, finished_records, is_finished, read_record
+from .study.records import (
+    DIVERGED,
+    FINISHED,
+    MISSING,
+    RunRecord,
+    grid_records,
+    load_records,
+    record_diverged,
+    run_status,
+)
 from .study.report import write_report
 from .study.variants import VARIANT_GROUPS, VARIANTS
 from .trainer import NonFiniteLossError, ScaleVecTrainingArguments
@@ -52,7 +71,7 @@ class AblationArguments:
         default=None,
         metadata={
             "help": "Comma-separated peak learning rates (default: --learning-rate); each size and variant is "
-            "compared at its best one."
+            "compared at its best one, chosen on the selection half of the held-out blocks."
         },
     )
     tokens_per_parameter: float | None = field(
@@ -70,7 +89,11 @@ class AblationArguments:
         },
     )
     report_only: bool = field(
-        default=False, metadata={"help": "Train nothing: write the report from the runs of the grid that finished."}
+        default=False,
+        metadata={
+            "help": "Train nothing: write the report from the grid's run folders, and from the records of the "
+            "folder's results.json for runs whose folders are gone."
+        },
     )
 
     def variant_names(self) -> list[str]:
@@ -174,34 +197,66 @@ def run_ablation(
     if training_args.logging_steps >= 1 and steps and min(steps) < training_args.logging_steps:
         raise ValueError("--logging-steps exceeds --max-steps: no training loss would be logged to compare")
     root = Path(training_args.output_dir)
+    if ablation.report_only and not root.is_dir():
+        raise ValueError(f"--output-dir {root}: no such folder, so nothing to report")
+    if not ablation.report_only:
+        check_held_out(data_args)
     index, count = ablation.shard_index()
     share = grid.shard(index, count)
-    finished = [
+    done = [  # finished (with every budget --decay-at branches from it) or diverged
         point
         for point in share
-        if is_finished(grid, point, root) and not _unfinished_branches(grid, point, root, training_args)
+        if (status := run_status(grid, point, root)) == DIVERGED
+        or (status == FINISHED and not _unfinished_branches(grid, point, root, training_args))
     ]
-    todo = [] if ablation.report_only else [p for p in share if not (model_args.resume and p in finished)]
+    todo = [] if ablation.report_only else [p for p in share if not (model_args.resume and p in done)]
     for point in todo:  # before anything trains: a folder of the grid that holds files needs --resume
         _check_output_dir(point.folder(root), model_args.resume)
     main_process = training_args.process_index == 0
     if main_process:
-        print(plan(grid, (index, count), len(finished), len(todo), ablation.report_only), flush=True)
+        print(plan(grid, (index, count), len(done), len(todo), ablation.report_only), flush=True)
     for number, point in enumerate(todo, 1):
         _train(point, grid, model_args, data_args, training_args)
         if main_process:
-            print(f"[ablation] {number}/{len(todo)} {read_record(grid, point, root).describe()}", flush=True)
-            write_report(finished_records(grid, root), grid, root, figures=False)  # a killed study still reports
+            records = study_records(grid, root)
+            done_now = next(r for r in records if r.point == point)
+            print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
+            write_report(records, grid, root, figures=False)  # a killed study still reports
     if not main_process:
         return []
-    records = finished_records(grid, root)
+    records = study_records(grid, root)
     print(*write_report(records, grid, root), sep="\n")
-    print(f"[ablation] trained {len(todo)} runs; {len(records)} of the grid's {len(grid.points())} have finished")
+    counts = {status: sum(r.status == status for r in records) for status in (FINISHED, DIVERGED, MISSING)}
+    print(
+        f"[ablation] trained {len(todo)} runs; of the grid's {len(records)}: "
+        + ", ".join(f"{count} {status}" for status, count in counts.items())
+    )
     print(f"results in {root}")
     return records
 
 
-def plan(grid: Grid, shard: tuple[int, int], finished: int, todo: int, report_only: bool) -> str:
+def check_held_out(data_args: DataArguments) -> None:
+    """Refuse a study without held-out data to choose learning rates on and to report on (two halves of a block)."""
+    if not (data_args.eval_dataset or data_args.held_out_every):
+        raise ValueError(
+            "scalevec-ablate chooses each learning rate on held-out data and reports on another half of it: keep "
+            "the default --eval-every or give --eval-dataset"
+        )
+    budget = data_args.eval_token_budget()
+    if budget is not None and budget < 2 * data_args.resolved_seq_len():
+        raise ValueError(
+            f"--max-eval-tokens {budget}: scalevec-ablate needs 2 held-out blocks of --seq-len at least (one half to "
+            "choose learning rates on, one to report on)"
+        )
+
+
+def study_records(grid: Grid, root: Path) -> list[RunRecord]:
+    """Every point's record: from its run folder, else from the folder's `results.json`, else missing."""
+    results = read_json(root / "results.json")
+    return grid_records(grid, root, load_records(results) if results else None)
+
+
+def plan(grid: Grid, shard: tuple[int, int], done: int, todo: int, report_only: bool) -> str:
     """What the call will train: the grid, each size's length of run, this process's share."""
     lines = [
         f"[ablation] grid: {grid.describe()}: variants {', '.join(grid.variants)}; learning rates "
@@ -215,7 +270,7 @@ def plan(grid: Grid, shard: tuple[int, int], finished: int, todo: int, report_on
     if count > 1:
         share += f" (shares of {', '.join(map(str, shares))})"
     what = "report only: training nothing" if report_only else f"to train now: {todo}"
-    lines.append(f"[ablation] {share}; finished already: {finished}; {what}")
+    lines.append(f"[ablation] {share}; finished or diverged already: {done}; {what}")
     return "\n".join(lines)
 
 
@@ -235,10 +290,16 @@ def _train(
         seed=point.seed,
         learning_rate=point.learning_rate,
         max_steps=size.max_steps,
-        **variant.training_overrides(training_args),
+        eval_halves=True,  # learning rates are chosen on one half of the held-out blocks, Δ reported on the other
+        **variant.training_overrides(training_args.weight_decay),
     )
     model = replace(model_args, model_size=size.preset, config_overrides=size.config_overrides, **variant.model)
-    train(model, data_args, args)
+    try:
+        train(model, data_args, args)
+    except NonFiniteLossError as error:  # a result, not a crash: the shard goes on
+        if training_args.process_index == 0:
+            record_diverged(folder, error.step, error.learning_rate, str(error))
+            print(f"[ablation] {point.size} {point.variant} lr {point.learning_rate:g} seed {point.seed}: {error}")
 
 
 def _unfinished_branches(grid: Grid, point: GridPoint, root: Path, training_args: ScaleVecTrainingArguments) -> bool:

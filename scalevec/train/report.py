@@ -21,6 +21,7 @@ from ..run_records import (
 )
 from .task_scoring import request_tokens
 from .tasks import Task
+from ..data.held_out import EVALUATION_HALVES
 from .throughput import device_peak_flops
 
 
@@ -203,6 +204,7 @@ def _evaluation_lines(evaluation: dict) -> list[str]:
     if "eval_loss" not in evaluation:
         return ["eval         none (no held-out data)"]
     names = [key[5:-5] for key in evaluation if key.endswith("_loss") and key != "eval_loss"]
+    names = [name for name in names if name not in EVALUATION_HALVES]  # halves of the blocks, not sets
     lines = []
     for label, prefix in [("eval        ", "eval"), *((f"  {name:<10}", f"eval_{name}") for name in names)]:
         parts = [f"loss {evaluation[f'{prefix}_loss']:.4f} nats per token"]

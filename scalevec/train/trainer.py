@@ -27,6 +27,7 @@ from transformers.utils import logging
 from transformers.utils.output_capturing import maybe_install_capturing_hooks
 
 from ..atomic import commit_folder, remove_folder, write_text_atomically, writes_into
+from ..data.held_out import EVALUATION_HALVES, evaluation_halves
 from ..data.sampler import ShuffledBlockSampler
 from ..modeling_scalevec import ScaleVecModel
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback
@@ -45,7 +46,12 @@ DATA_STATE = "data_state_rank{rank}.json"
 
 
 class NonFiniteLossError(RuntimeError):
-    pass
+    """Training stopped on a non-finite loss or non-finite weights: `step` is the optimizer step that produced them
+    and `learning_rate` its learning rate, so that a study can record the run as diverged."""
+
+    def __init__(self, message: str, step: int | None = None, learning_rate: float | None = None):
+        super().__init__(message)
+        self.step, self.learning_rate = step, learning_rate
 
 
 @dataclass
@@ -103,6 +109,13 @@ class ScaleVecTrainingArguments(TrainingArguments):
         metadata={"help": "Muon learning-rate scaling: 'match_rms_adamw' (same lr as AdamW) or 'original'."},
     )
     scale_stats: bool = field(default=True, metadata={"help": "Log per-site scale statistics and plot them."})
+    eval_halves: bool = field(
+        default=False,
+        metadata={
+            "help": "Also log the loss of two fixed, disjoint halves of the held-out blocks (eval_select_loss, "
+            "eval_report_loss), as scalevec-ablate does to choose learning rates on one and report on the other."
+        },
+    )
     peak_flops: float | None = field(
         default=None,
         metadata={"help": "Peak FLOP/s of one device, for MFU. Default: known GPUs by name (none on CPU)."},
@@ -188,6 +201,15 @@ def _install_output_hooks(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, ScaleVecModel):
             maybe_install_capturing_hooks(module)
+
+
+def _half_losses(rows: list[HeldOutSums], prefix: str) -> dict[str, float]:
+    """`<prefix>_select_loss` and `<prefix>_report_loss` from each set's (select, report) sums in turn; none where
+    too few blocks were evaluated to fill both halves."""
+    halves = [sum(rows[k::2], HeldOutSums()) for k in range(2)]
+    if not all(half.tokens for half in halves):
+        return {}
+    return {f"{prefix}_{name}_loss": half.nll / half.tokens for name, half in zip(EVALUATION_HALVES, halves)}
 
 
 class ScaleVecTrainer(Trainer):
@@ -293,7 +315,9 @@ class ScaleVecTrainer(Trainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Loss, perplexity, bits per byte and evaluated tokens on the held-out blocks (each set of a dict named in
         the metrics, `eval_<name>_loss`, beside the combined `eval_loss`), each block read once over all
-        processes and the sums all-reduced; the stock loop where the trainer was given `compute_metrics`."""
+        processes and the sums all-reduced; the stock loop where the trainer was given `compute_metrics`. With
+        `--eval-halves`, also the loss of each fixed half of the blocks (`evaluation_halves`), `eval_select_loss` and
+        `eval_report_loss`: a study picks its learning rate on the one and reports differences on the other."""
         if self.compute_metrics is not None or self.preprocess_logits_for_metrics is not None:
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         sets = self._held_out_sets(eval_dataset)
@@ -313,12 +337,17 @@ class ScaleVecTrainer(Trainer):
             self.args.device,
             self.compute_loss_context_manager,
         )
-        sums = torch.stack([evaluation.sums(model, blocks, self._token_bytes) for blocks in sets.values()])
+        parts = 2 if getattr(self.args, "eval_halves", False) else 1  # each set's blocks whole, or in two halves
+        blocks = [part for whole in sets.values() for part in (evaluation_halves(whole) if parts == 2 else [whole])]
+        sums = torch.stack([evaluation.sums(model, part, self._token_bytes) for part in blocks])
         task_sums = self._task_sums(model)
         if self.args.world_size > 1:
             sums, task_sums = reduce_together(sums, task_sums)
-        by_set = {name: HeldOutSums(row[0], round(row[1]), round(row[2])) for name, row in zip(sets, sums.tolist())}
+        rows = [HeldOutSums(row[0], round(row[1]), round(row[2])) for row in sums.tolist()]
+        by_set = {name: sum(rows[parts * k : parts * (k + 1)], HeldOutSums()) for k, name in enumerate(sets)}
         metrics = held_out_metrics(by_set, metric_key_prefix, per_set=isinstance(next(iter(sets)), str))
+        if parts == 2:
+            metrics.update(_half_losses(rows, metric_key_prefix))
         metrics.update(task_metrics([task.name for task in self.tasks], task_sums, metric_key_prefix))
         blocks, tokens = sum(len(blocks) for blocks in sets.values()), metrics[f"{metric_key_prefix}_tokens"]
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=blocks, num_tokens=tokens))
@@ -426,7 +455,9 @@ class ScaleVecTrainer(Trainer):
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"the training loss became {loss.item()} at step {self.state.global_step + 1}; training stopped "
-                f"before the optimizer step, {self._last_checkpoint()}. Lower the learning rate or check the data."
+                f"before the optimizer step, {self._last_checkpoint()}. Lower the learning rate or check the data.",
+                self.state.global_step + 1,
+                self._current_learning_rate(),
             )
         return loss
 
@@ -504,8 +535,13 @@ class ScaleVecTrainer(Trainer):
         if parameters and not torch.stack([torch.isfinite(p).all() for p in parameters]).all():
             raise NonFiniteLossError(
                 f"the weights became non-finite in the update of step {self.state.global_step}; training stopped "
-                f"without saving them, {self._last_checkpoint()}. Lower the learning rate or check the data."
+                f"without saving them, {self._last_checkpoint()}. Lower the learning rate or check the data.",
+                self.state.global_step,
+                self._current_learning_rate(),
             )
+
+    def _current_learning_rate(self) -> float | None:
+        return float(self.lr_scheduler.get_last_lr()[0]) if self.lr_scheduler is not None else None
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if not self.fresh_optimizer_on_resume:  # the stock method would load an optimizer without its scheduler

@@ -1,19 +1,27 @@
-"""The paper's claims, each tested by the runs of the grid that bear on it, with a verdict per size."""
+"""The paper's claims, each tested by the runs of the grid that bear on it, with a verdict per size (`intervals`)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .records import RunRecord
-from .scaling import exponents_per_seed
-from .summary import Key, eval_losses, paired_differences
-from .variants import PREDICTIONS, VARIANT_GROUPS, VARIANTS, as_predicted
+import numpy as np
 
-HOLDS, FAILS, UNTESTED = "holds", "does not hold", "not tested by this grid"
+from .intervals import INCOMPLETE, MIN_SEEDS, TESTED, UNRESOLVED, UNTESTED, Interval, holm, paired_interval, verdict
+from .scaling import CLAIM_COUNT, MIN_SIZES, ScalingFit
+from .summary import SELECTED, VariantSummary
+from .variants import PREDICTIONS, VARIANT_GROUPS, VARIANTS
+
+FAMILY_LEVEL = 0.05
+SHOWN_MISSING = 6  # runs a row names before "and N more"
 RULE = (
-    "Each variant is taken at its own best learning rate (lowest mean final eval loss over seeds) and compared with "
-    "the other side seed by seed: within a seed both started from the same matrices and read the same batches, so "
-    "Δ is the measurement. A claim **holds** at a size when Δ has the predicted sign in every seed in which both "
-    "sides were run; it **does not hold** when any seed contradicts it; it is **not tested by this grid** when the "
-    "grid lacks the runs (then the row names them)."
+    "Each variant is taken at its own best learning rate, chosen on the selection half of the held-out blocks, and "
+    "compared with the other side seed by seed on the report half: within a seed both started from the same "
+    "matrices and read the same batches, so Δ is the measurement. The 95 % interval is Student's t on the paired "
+    "differences over seeds. A claim **holds** when the interval excludes 0 on the side the paper predicts, is "
+    "**contradicted** when it excludes 0 on the other side, and is **unresolved** when it covers 0 (the row gives "
+    "its half-width: the smallest effect these seeds could resolve) or fewer than 3 seeds were paired. A row is "
+    "**incomplete** while a run it needs is missing (every learning rate of the grid must have finished or diverged "
+    "in every seed for a best rate to count), and **not tested** when the grid lacks the runs. The scaling claim "
+    "compares the α of the fits of the scaling table, its interval the percentiles of the seed bootstrap. Holm: "
+    "the same verdicts at a family-wise error rate of 5 % over every tested row (adjusted p-value in brackets)."
 )
 
 
@@ -40,96 +48,174 @@ SCALING = "Unified scales more favourably than standard"
 @dataclass
 class ClaimTest:
     claim: str
-    size: str  # one size, every size (the scaling claim), or "-" where untested
-    runs: str  # the runs compared, at their learning rates; what is missing where untested
+    size: str  # one size, every size ("all", the scaling claim), or "-" where untested
+    runs: str  # the runs compared at their learning rates; what is missing where incomplete; why, if untested
     prediction: str
-    differences: dict[int, float]  # seed -> Δ
-    held: list[int]  # the seeds in which Δ has the predicted sign
+    expected: str  # "lower" or "higher"
     verdict: str
+    differences: dict[int, float] = field(default_factory=dict)  # seed -> Δ
+    interval: Interval | None = None
+    flags: list[str] = field(default_factory=list)  # best learning rates at an edge of the grid
+    holm_p_value: float | None = None
+    holm_verdict: str | None = None
 
 
-def claim_verdicts(best: dict[Key, list[RunRecord]], sizes: list[str]) -> list[ClaimTest]:
-    """Every claim of the paper, tested at each size of `sizes` that holds its runs (`best`: the runs of each size and
-    variant at its best learning rate)."""
+def claim_verdicts(summaries: list[VariantSummary], fits: list[ScalingFit], sizes: list[str]) -> list[ClaimTest]:
+    """Every claim of the paper, at each size of `sizes` where the grid holds its variants, then Holm's correction
+    over the rows tested."""
+    chosen = {(s.size, s.variant): s for s in summaries}
+    variants = {variant for _, variant in chosen}
     tests = []
     for claim in PAIRED_CLAIMS:
         for name in claim.variants:
             variant = VARIANTS[name]
-            found = [_paired(claim, best, size, name) for size in sizes]
-            found = [test for test in found if test]
-            tests += found or [_untested(claim.statement, f"{name} and {variant.reference}", variant.expected)]
-    found = [test for size in sizes if (test := _lowest(best, size))]
-    tests += found or [_untested(LOWEST, "unified and another strategy", "lower")]
-    tests.append(_scaling(best, sizes))
+            if {name, variant.reference} <= variants:
+                pairs = [(chosen[size, name], [chosen[size, variant.reference]]) for size in sizes]
+                tests += [_paired(claim.statement, ours, theirs) for ours, theirs in pairs]
+            else:
+                tests.append(_untested(claim.statement, f"needs {name} and {variant.reference}", variant.expected))
+    others = [v for v in VARIANT_GROUPS["strategies"] if v != "unified" and v in variants]
+    if "unified" in variants and others:
+        tests += [_paired(LOWEST, chosen[size, "unified"], [chosen[size, v] for v in others]) for size in sizes]
+    else:
+        tests.append(_untested(LOWEST, "needs unified and another strategy", "lower"))
+    tests.append(_scaling(chosen, fits, sizes))
+    _correct(tests)
     return tests
 
 
-def _paired(claim: Claim, best, size: str, name: str) -> ClaimTest | None:
-    variant = VARIANTS[name]
-    ours, theirs = best.get((size, name)), best.get((size, variant.reference))
-    differences = paired_differences(ours, theirs) if ours and theirs else {}
-    if not differences:
-        return None
-    runs = f"{_at(name, ours)} − {_at(variant.reference, theirs)}"
-    return _test(claim.statement, size, runs, variant.expected, differences)
+def _paired(statement: str, ours: VariantSummary, theirs: list[VariantSummary]) -> ClaimTest:
+    """`ours` against its reference (`theirs`: one, Δ as `summarise` paired it), or, for the lowest-loss claim,
+    unified against the lowest of the other strategies in each seed."""
+    lowest = statement == LOWEST
+    expected = "lower" if lowest else VARIANTS[ours.variant].expected
+    compared = [ours, *theirs]
+    runs = f"{_at(ours)} − " + ("the lowest of " if lowest else "") + ", ".join(_at(s) for s in theirs)
+    missing = [f"{s.variant} {run}" for s in compared for run in s.missing]
+    if missing:
+        return ClaimTest(statement, ours.size, _missing(missing), PREDICTIONS[expected], expected, INCOMPLETE)
+    selected = [s for s in theirs if s.status == SELECTED]  # the lowest-loss claim goes on without the others
+    if ours.status != SELECTED or not selected:
+        unselectable = ", ".join(s.variant for s in compared if s.status != SELECTED)
+        why = f"{unselectable}: no learning rate finished with a selection loss (diverged or not evaluated)"
+        return ClaimTest(statement, ours.size, why, PREDICTIONS[expected], expected, UNTESTED)
+    differences = _below_lowest(ours, selected) if lowest else ours.differences
+    flags = [f"{s.variant}: {s.edge}" for s in compared if s.edge]
+    return _test(statement, ours.size, runs, expected, differences, flags)
 
 
-def _lowest(best, size: str) -> ClaimTest | None:
-    others = [v for v in VARIANT_GROUPS["strategies"] if v != "unified" and (size, v) in best]
-    if (size, "unified") not in best or not others:
-        return None
-    losses = {v: eval_losses(best[size, v]) for v in others}
-    unified = eval_losses(best[size, "unified"])
-    seeds = [seed for seed in unified if all(seed in losses[v] for v in others)]
-    differences = {seed: unified[seed] - min(losses[v][seed] for v in others) for seed in seeds}
-    if not differences:
-        return None
-    runs = f"{_at('unified', best[size, 'unified'])} − the lowest of " + ", ".join(
-        _at(v, best[size, v]) for v in others
-    )
-    return _test(LOWEST, size, runs, "lower", differences)
+def _below_lowest(unified: VariantSummary, others: list[VariantSummary]) -> dict[int, float]:
+    """Seed -> unified's report loss minus the lowest of `others`' in that seed."""
+    ours = unified.report_losses
+    losses = [other.report_losses for other in others]
+    return {
+        seed: loss - min(other[seed] for other in losses)
+        for seed, loss in ours.items()
+        if all(seed in o for o in losses)
+    }
 
 
-def _scaling(best, sizes: list[str]) -> ClaimTest:
-    unified, standard = exponents_per_seed(best, "unified"), exponents_per_seed(best, "standard")
-    differences = {seed: alpha - standard[seed] for seed, alpha in unified.items() if seed in standard}
-    if not differences:
-        return _untested(SCALING, "unified and standard at 2 sizes or more", "higher", "Δα > 0")
+def _scaling(chosen: dict, fits: list[ScalingFit], sizes: list[str]) -> ClaimTest:
+    def untested(why: str) -> ClaimTest:
+        return _untested(SCALING, why, "higher", "Δα > 0")
+
+    if len(sizes) < MIN_SIZES:
+        return untested(f"needs {MIN_SIZES} sizes or more; the grid has {len(sizes)}")
+    if not all((size, v) in chosen for size in sizes for v in ("unified", "standard")):
+        return untested("needs unified and standard")
+    sides = [chosen[size, v] for size in sizes for v in ("unified", "standard")]
+    if missing := [f"{s.size} {s.variant} {run}" for s in sides for run in s.missing]:
+        return ClaimTest(SCALING, "all", _missing(missing), "Δα > 0", "higher", INCOMPLETE)
+    found = {fit.variant: fit for fit in fits if fit.counted == CLAIM_COUNT}
+    if not {"unified", "standard"} <= set(found):
+        return untested("no fit of unified and standard at every size (a size without a best learning rate)")
+    unified, standard = found["unified"], found["standard"]
+    replicates = np.array(unified.replicate_alphas) - np.array(standard.replicate_alphas)
+    low, high = np.percentile(replicates, [2.5, 97.5]).tolist()
+    beyond = min(int(np.sum(replicates <= 0)), int(np.sum(replicates >= 0)))  # on the far side of 0
+    p_value = min(1.0, 2 * (beyond + 1) / (len(replicates) + 1))
+    interval = Interval(len(unified.seeds), unified.alpha - standard.alpha, low, high, p_value)
     runs = (
-        f"α of a power law A·N^-α through each seed's runs over sizes {', '.join(sizes)}, each at its best learning "
-        "rate: unified − standard"
+        f"α of E + A·N^-α ({CLAIM_COUNT} parameters) over sizes {', '.join(sizes)}, each at its best learning rate: "
+        f"unified {unified.alpha:.4f} − standard {standard.alpha:.4f}; seed bootstrap"
     )
-    return _test(SCALING, "all", runs, "higher", differences, "Δα > 0")
+    flags = [f"{s.size} {s.variant}: {s.edge}" for s in sides if s.edge]
+    return ClaimTest(SCALING, "all", runs, "Δα > 0", "higher", verdict(interval, "higher"), {}, interval, flags)
 
 
-def _at(variant: str, runs: list[RunRecord]) -> str:
-    return f"{variant} (lr {runs[0].learning_rate:g})"
+def _missing(runs: list[str]) -> str:
+    more = len(runs) - SHOWN_MISSING
+    return "missing: " + ", ".join(runs[:SHOWN_MISSING]) + (f" and {more} more" if more > 0 else "")
 
 
-def _test(claim, size, runs, expected, differences, prediction=None) -> ClaimTest:
-    held = [seed for seed, difference in differences.items() if as_predicted(difference, expected)]
-    verdict = HOLDS if len(held) == len(differences) else FAILS
-    return ClaimTest(claim, size, runs, prediction or PREDICTIONS[expected], differences, held, verdict)
+def _at(summary: VariantSummary) -> str:
+    rate = "-" if summary.best_learning_rate is None else f"{summary.best_learning_rate:g}"
+    return f"{summary.variant} (lr {rate})"
 
 
-def _untested(claim: str, needs: str, expected: str, prediction: str | None = None) -> ClaimTest:
-    return ClaimTest(claim, "-", f"needs {needs}", prediction or PREDICTIONS[expected], {}, [], UNTESTED)
+def _test(claim, size, runs, expected, differences, flags) -> ClaimTest:
+    if not differences:
+        return ClaimTest(
+            claim, size, f"{runs}: no seed with both report losses", PREDICTIONS[expected], expected, UNTESTED
+        )
+    interval = paired_interval(list(differences.values()))
+    result = verdict(interval, expected)
+    return ClaimTest(claim, size, runs, PREDICTIONS[expected], expected, result, differences, interval, flags)
 
 
-def claims_markdown(tests: list[ClaimTest], grid: str) -> str:
+def _untested(claim: str, why: str, expected: str, prediction: str | None = None) -> ClaimTest:
+    return ClaimTest(claim, "-", why, prediction or PREDICTIONS[expected], expected, UNTESTED)
+
+
+def _correct(tests: list[ClaimTest]) -> None:
+    """Holm's adjusted p-value and verdict on every tested row (those with an interval)."""
+    tested = [t for t in tests if t.verdict in TESTED]
+    for test, adjusted in zip(tested, holm([t.interval.p_value for t in tested])):
+        test.holm_p_value = adjusted
+        test.holm_verdict = verdict(test.interval, test.expected, significant=adjusted < FAMILY_LEVEL)
+
+
+def claims_markdown(tests: list[ClaimTest], grid: str, runs: list[str]) -> str:
+    """`claims.md`: `runs`, the lines that say which runs finished, diverged and are missing, lead."""
+    tested = [t for t in tests if t.verdict in TESTED]
+    counts = {v: sum(t.verdict == v for t in tests) for v in (*TESTED, INCOMPLETE, UNTESTED)}
+    tally = ", ".join(f"{count} {name}" for name, count in counts.items())
     rows = [
         "# The paper's claims, tested by this grid",
         "",
         f"Grid: {grid}.",
         "",
+        *runs,
+        "",
         RULE,
         "",
-        "| claim | size | runs compared (learning rate) | prediction | Δ per seed | holds in seeds | verdict |",
-        "|---|---|---|---|---|---|---|",
+        f"Rows: {len(tests)}, of which {len(tested)} tested ({tally}); Holm's correction is over those {len(tested)}.",
+        "",
+        "| claim | size | runs compared (learning rate) | prediction | Δ per seed | mean Δ [95 % interval] | verdict "
+        "| Holm (adjusted p) | learning-rate grid |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for t in tests:
         differences = ", ".join(f"{seed}: {d:+.4f}" for seed, d in t.differences.items()) or "-"
-        held = f"{len(t.held)} of {len(t.differences)}" if t.differences else "-"
-        held += f" ({', '.join(map(str, t.held))})" if t.held else ""
-        rows.append(f"| {t.claim} | {t.size} | {t.runs} | {t.prediction} | {differences} | {held} | {t.verdict} |")
+        holm_cell = "-" if t.holm_verdict is None else f"{t.holm_verdict} ({t.holm_p_value:.3g})"
+        rows.append(
+            f"| {t.claim} | {t.size} | {t.runs} | {t.prediction} | {differences} | {interval_text(t.interval)} "
+            f"| {_verdict_text(t)} | {holm_cell} | {'; '.join(t.flags) or '-'} |"
+        )
     return "\n".join(rows) + "\n"
+
+
+def interval_text(interval: Interval | None) -> str:
+    if interval is None:
+        return "-"
+    if interval.n < 2:
+        return f"{interval.mean:+.4f} (1 seed)"
+    return f"{interval.mean:+.4f} [{interval.low:+.4f}, {interval.high:+.4f}]"
+
+
+def _verdict_text(test: ClaimTest) -> str:
+    if test.verdict != UNRESOLVED:
+        return test.verdict
+    if test.interval.n < MIN_SEEDS:
+        return f"{UNRESOLVED} ({test.interval.n} seed{'s' * (test.interval.n > 1)}; needs {MIN_SEEDS})"
+    return f"{UNRESOLVED} (resolves ±{test.interval.half_width:.4f})"

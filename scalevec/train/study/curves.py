@@ -6,28 +6,32 @@ import statistics
 from pathlib import Path
 
 from ...run_records import logged_curve, read_run_records
-from ..diagnostics import save_figure
 from .records import RunRecord
 from .summary import Key, paired_differences
 from .variants import VARIANTS
 
 
-def mean_curves(best: dict[Key, list[RunRecord]], size: str, key: str = "loss") -> dict[str, tuple[list, list]]:
-    """Variant -> (steps logged by every seed, the values of each seed at those steps), at `size`."""
+def mean_curves(
+    best: dict[Key, list[RunRecord]], root: Path, size: str, key: str = "loss"
+) -> dict[str, tuple[list, list]]:
+    """Variant -> (steps logged by every seed, the values of each seed at those steps), at `size`, from the run
+    folders under `root`."""
     curves = {}
     for (ours, variant), runs in best.items():
         if ours == size:
-            per_seed = [dict(logged_curve(read_run_records(r.output_dir).log_history, key)) for r in runs]
+            per_seed = [dict(logged_curve(read_run_records(r.point.folder(root)).log_history, key)) for r in runs]
             steps = sorted(set.intersection(*(set(curve) for curve in per_seed)))
             curves[variant] = (steps, [[curve[step] for step in steps] for curve in per_seed])
     return curves
 
 
-def plot_losses(best: dict[Key, list[RunRecord]], path: Path) -> Path:
+def plot_losses(best: dict[Key, list[RunRecord]], root: Path, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from ..diagnostics import save_figure
 
     sizes = list(dict.fromkeys(size for size, _ in best))
     fig, axes = plt.subplots(
@@ -35,7 +39,7 @@ def plot_losses(best: dict[Key, list[RunRecord]], path: Path) -> Path:
     )
     colours = {variant: f"C{i}" for i, variant in enumerate(dict.fromkeys(v for _, v in best))}
     for size, (full, tail, paired) in zip(sizes, axes):
-        curves = mean_curves(best, size)
+        curves = mean_curves(best, root, size)
         seeds = max(len(values) for _, values in curves.values())
         for axis in (full, tail):
             for variant, (steps, values) in curves.items():
@@ -83,5 +87,5 @@ def _plot_differences(axis, best: dict[Key, list[RunRecord]], size: str, colours
     axis.axvline(0, color="grey", linewidth=0.8)
     axis.set_yticks(range(len(compared)), [f"{v}\n− {r}" for v, r, _ in compared], fontsize="small")
     axis.invert_yaxis()
-    title = "final eval loss − reference\n(each at its best lr)"  # two lines: the y labels are wide
+    title = "report-half eval loss − reference\n(each at its best lr)"  # two lines: the y labels are wide
     axis.set(title=title, xlabel="nats per token (dots: seeds, |: mean)")

@@ -1,64 +1,172 @@
-"""What a finished run of the grid recorded, read back from its folder: the report is built from the folders, so
-it covers the runs that other shards (other processes, other machines) finished too."""
+"""What each run of the grid recorded, read back from its folder, or from the study's `results.json` where the
+folder is gone: the report is built from records alone (`RunRecord`, a few hundred bytes a run), so it covers the
+runs that other shards (other processes, other machines) finished, and `--report-only` over a folder that holds
+only `results.json` writes the same reports.
 
+A run is *finished* (its final `trainer_state.json` reached the last step), *diverged* (its loss or weights became
+non-finite: `diverged.json` in its folder names the step), or *missing* (not run, running, or killed). Nothing
+here imports the Trainer: reading a finished study needs no training code."""
+
+import functools
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from ...atomic import write_text_atomically
 from ...configuration_scalevec import ScaleVecConfig
-from ...convert.meta_model import scale_parameters
-from ...run_records import duration_text, logged_curve, read_json, read_run_records
-from ..resume import finished_step
-from .grid import Grid, GridPoint
+from ...convert.meta_model import meta_state, num_parameters, scale_parameters
+from ...run_records import TRAINER_STATE, duration_text, logged_curve, read_json, read_run_records
+from .grid import Grid, GridPoint, Size
+
+FINISHED, DIVERGED, MISSING = "finished", "diverged", "missing"
+DIVERGED_FILE = "diverged.json"  # written into a run's folder when its loss or weights became non-finite
 
 
 @dataclass
 class RunRecord:
+    """One run of the grid: its identity (size, variant, learning rate, seed, and `budget`, the fraction of the
+    run's token budget it stands for: None for the whole run), what became of it, and what it measured."""
+
     size: str
     variant: str
     learning_rate: float
     seed: int
-    non_embedding_parameters: int
-    train_loss: float  # last logged training loss (NaN where none was logged)
-    eval_loss: float | None
-    tokens: int
-    train_seconds: float  # the whole run's wall time, over any resumes
-    scale_parameters: int
-    output_dir: str
+    status: str  # FINISHED, DIVERGED or MISSING
+    budget: float | None = None
+    step: int = 0  # the last step trained; a diverged run's, the step whose loss or update was non-finite
+    tokens: int = 0
+    non_embedding_parameters: int = 0  # N of the grid's size: no embedding, LM head or scale vector
+    total_parameters: int | None = None  # every parameter (a tied LM head once); None where no config was saved
+    active_parameters: int | None = None  # those one token uses: a MoE model's routed experts only
+    scale_parameters: int | None = None
+    train_loss: float | None = None  # the last logged training loss
+    eval_loss: float | None = None  # every evaluated held-out block; None where not finite
+    eval_select_loss: float | None = None  # the selection half (learning rates are chosen on it)
+    eval_report_loss: float | None = None  # the report half (differences are measured on it)
+    train_seconds: float | None = None  # the whole run's wall time, over any resumes
+    diverged_learning_rate: float | None = None  # the scheduled learning rate at the diverging step
+
+    @property
+    def point(self) -> GridPoint:
+        return GridPoint(self.size, self.variant, self.learning_rate, self.seed)
+
+    @property
+    def key(self) -> tuple:
+        return self.size, self.variant, self.learning_rate, self.seed, self.budget
 
     def describe(self) -> str:
+        run = f"{self.size} {self.variant} lr {self.learning_rate:g} seed {self.seed}"
+        if self.status == DIVERGED:
+            return f"{run}: diverged at step {self.step}"
+        if self.status == MISSING:
+            return f"{run}: missing"
         evaluation = "-" if self.eval_loss is None else f"{self.eval_loss:.4f}"
-        return (
-            f"{self.size} {self.variant} lr {self.learning_rate:g} seed {self.seed}: train loss "
-            f"{self.train_loss:.4f}, eval loss {evaluation}, {duration_text(self.train_seconds)}"
-        )
+        train = "-" if self.train_loss is None else f"{self.train_loss:.4f}"
+        return f"{run}: train loss {train}, eval loss {evaluation}, {duration_text(self.train_seconds or 0.0)}"
 
 
-def is_finished(grid: Grid, point: GridPoint, root: Path) -> bool:
-    return finished_step(point.folder(root), grid.size(point.size).max_steps) is not None
-
-
-def finished_records(grid: Grid, root: Path) -> list[RunRecord]:
-    """The runs of `grid` that finished in `root`, in the grid's order."""
-    return [read_record(grid, point, root) for point in grid.points() if is_finished(grid, point, root)]
-
-
-def read_record(grid: Grid, point: GridPoint, root: Path) -> RunRecord:
+def run_status(grid: Grid, point: GridPoint, root: Path) -> str:
+    """FINISHED, DIVERGED or MISSING, from the run's folder."""
     folder = point.folder(root)
+    if (folder / DIVERGED_FILE).is_file():
+        return DIVERGED
+    state = read_json(folder / TRAINER_STATE) or {}  # the final one: written after the model, last
+    target = grid.size(point.size).max_steps
+    target = target if target > 0 else int(state.get("max_steps") or 0)
+    return FINISHED if target and int(state.get("global_step") or 0) >= target else MISSING
+
+
+def grid_records(grid: Grid, root: Path, recorded: dict[tuple, RunRecord] | None = None) -> list[RunRecord]:
+    """A record for every point of `grid`, in its order: from the run's folder where it finished or diverged, else
+    from `recorded` (the records of an earlier `results.json`, by `RunRecord.key`), else missing."""
+    records = []
+    for point in grid.points():
+        status = run_status(grid, point, root)
+        if status != MISSING:
+            records.append(read_record(grid, point, root, status))
+            continue
+        earlier = (recorded or {}).get((point.size, point.variant, point.learning_rate, point.seed, None))
+        size = grid.size(point.size)
+        missing = RunRecord(point.size, point.variant, point.learning_rate, point.seed, MISSING)
+        missing.non_embedding_parameters = size.non_embedding_parameters
+        records.append(earlier if earlier is not None and earlier.status != MISSING else missing)
+    return records
+
+
+def read_record(grid: Grid, point: GridPoint, root: Path, status: str) -> RunRecord:
+    folder = point.folder(root)
+    record = RunRecord(point.size, point.variant, point.learning_rate, point.seed, status)
+    record.non_embedding_parameters = grid.size(point.size).non_embedding_parameters
+    if (folder / "config.json").is_file():
+        counts = _counts(ScaleVecConfig.from_pretrained(folder).to_json_string())
+        record.total_parameters, record.active_parameters, record.scale_parameters = counts
+    if status == DIVERGED:
+        diverged = read_json(folder / DIVERGED_FILE) or {}
+        record.step = int(diverged.get("step") or 0)
+        record.diverged_learning_rate = diverged.get("learning_rate")
+        return record
     records = read_run_records(folder)
     metrics = read_json(folder / "all_results.json") or {}  # the Trainer's: of the last segment only
     summary = records.summary or {}  # the whole run's, however often it was resumed
     losses = logged_curve(records.log_history, "loss")
-    return RunRecord(
-        size=point.size,
-        variant=point.variant,
-        learning_rate=point.learning_rate,
-        seed=point.seed,
-        non_embedding_parameters=grid.size(point.size).non_embedding_parameters,
-        train_loss=losses[-1][1] if losses else math.nan,
-        eval_loss=records.eval_metrics.get("eval_loss"),
-        tokens=int(summary.get("tokens_seen") or metrics.get("num_input_tokens_seen", 0)),
-        train_seconds=float(summary.get("wall_seconds") or metrics.get("train_runtime", 0.0)),
-        scale_parameters=sum(scale_parameters(ScaleVecConfig.from_pretrained(folder)).values()),
-        output_dir=str(folder),
-    )
+    evaluation = records.eval_metrics  # finite values only: a non-finite loss is None and never wins
+    record.step = int((records.state or {}).get("global_step") or 0)
+    record.tokens = int(summary.get("tokens_seen") or metrics.get("num_input_tokens_seen", 0))
+    record.train_loss = losses[-1][1] if losses and math.isfinite(losses[-1][1]) else None
+    record.eval_loss = evaluation.get("eval_loss")
+    record.eval_select_loss = evaluation.get("eval_select_loss")
+    record.eval_report_loss = evaluation.get("eval_report_loss")
+    record.train_seconds = float(summary.get("wall_seconds") or metrics.get("train_runtime", 0.0))
+    return record
+
+
+@functools.lru_cache(maxsize=256)  # a report reads every run: one count per size and variant, not per run
+def _counts(config_json: str) -> tuple[int, int, int]:
+    """(total, active, scale-vector) parameters of a model of the config `config_json`."""
+    config = ScaleVecConfig.from_dict(json.loads(config_json))
+    return (*parameter_counts(config), sum(scale_parameters(config).values()))
+
+
+def parameter_counts(config: ScaleVecConfig) -> tuple[int, int]:
+    """(total, active) parameters of a causal LM of `config`: a MoE layer's token uses `num_experts_per_tok` of its
+    `num_experts` routed experts, so only that share of the experts' parameters is active."""
+    state, _ = meta_state(config)
+    total = num_parameters(config)
+    experts = sum(t.numel() for name, t in state.items() if ".mlp.experts." in name)
+    routed, used = getattr(config, "num_experts", 0) or 0, getattr(config, "num_experts_per_tok", 0) or 0
+    inactive = experts * (routed - used) // routed if routed else 0
+    return total, total - inactive
+
+
+def record_diverged(folder: Path, step: int | None, learning_rate: float | None, message: str) -> None:
+    """Mark the run in `folder` as diverged: a result, which `--resume` keeps instead of training it again."""
+    entry = {"step": step, "learning_rate": learning_rate, "message": message}
+    write_text_atomically(folder / DIVERGED_FILE, json.dumps(entry, indent=2) + "\n")
+
+
+def load_records(results: dict) -> dict[tuple, RunRecord]:
+    """The records of a `results.json` (as loaded), by `RunRecord.key`. A `results.json` written before runs had a
+    status holds none (its study's run folders are read instead); an entry of another kind is refused."""
+    names = {f.name for f in fields(RunRecord)}
+    records = {}
+    for entry in results.get("runs", []):
+        if isinstance(entry, dict) and "status" not in entry:
+            continue
+        if not isinstance(entry, dict) or not names >= set(entry):
+            raise ValueError(f"results.json: a run entry this version cannot read: {entry!r}")
+        record = RunRecord(**entry)
+        records[record.key] = record
+    return records
+
+
+def read_results(path: Path) -> tuple[Grid, list[RunRecord]]:
+    """The grid and every run's record of a study's `results.json`: what its text reports are written from."""
+    results = json.loads(Path(path).read_text())
+    grid = results["grid"]
+    sizes = [Size(**size) for size in grid["sizes"]]
+    return Grid(sizes, grid["variants"], grid["learning_rates"], grid["seeds"]), list(load_records(results).values())
+
+
+def records_json(records: list[RunRecord]) -> list[dict]:
+    return [asdict(record) for record in records]

@@ -1,40 +1,49 @@
-"""The files a study writes into its folder, from whatever runs of the grid have finished: `results.md` and
-`results.json` (each size and variant at its best learning rate, every learning rate, the scaling fits, every run),
-`claims.md`, and the figures `loss_curves.png` and `scaling.png`. Every file is replaced whole (atomically): shards
-writing them at once leave the last complete one."""
+"""The files a study writes into its folder from the records of its grid (`records.grid_records`): `results.md` and
+`results.json` (which runs finished, diverged or are missing; each size and variant at its best learning rate;
+every learning rate; the scaling fits; the claims; every run's record), `claims.md`, and the figures
+`loss_curves.png` (from the run folders, when they are all there) and `scaling.png`. The text files are a function of
+the records alone, so `results.json`'s records write them again byte for byte. Every file is replaced whole
+(atomically): shards writing them at once leave the last complete one."""
 
 import json
+import math
 import statistics
 from dataclasses import asdict
 from pathlib import Path
 
 from ...atomic import write_text_atomically
 from ...run_records import duration_text
-from .claims import claim_verdicts, claims_markdown
+from .claims import claim_verdicts, claims_markdown, interval_text
 from .curves import plot_losses
 from .grid import Grid
-from .records import RunRecord
-from .scaling import ScalingFit, plot_scaling, scaling_fits
-from .summary import Key, VariantSummary, best_runs, summarise
-from .variants import PREDICTIONS, as_predicted
+from .intervals import paired_interval
+from .records import DIVERGED, FINISHED, MISSING, RunRecord, records_json
+from .scaling import COUNTS, REPLICATES, ScalingFit, plot_scaling, scaling_fits
+from .summary import SELECTED, Key, VariantSummary, best_runs, summarise
+from .variants import PREDICTIONS
 
+SHOWN_RUNS = 20  # diverged or missing runs listed before "and N more"
 INTRO = (
-    "Each (size, variant) is taken at its own best learning rate: of the learning rates with the most seeds finished, "
-    "the one of lowest mean final eval loss. Within a seed every variant starts from the same initial matrices and "
-    "reads the same batches; Δ is a variant's eval loss minus its reference's (at the reference's best learning rate) "
-    "in the same seed; 'holds': seeds in which Δ has the sign the paper predicts."
+    "Each (size, variant) is taken at its own best learning rate: the one of lowest mean loss over the grid's seeds "
+    "on the selection half of the held-out blocks (`eval_select_loss`); a rate at which a seed diverged loses. It "
+    "counts only once every learning rate of the grid finished or diverged in every seed. Losses and Δ are on the "
+    "other, disjoint half (`eval_report_loss`). Within a seed every variant starts from the same initial matrices "
+    "and reads the same batches; Δ is a variant's loss minus its reference's (at the reference's best learning "
+    "rate) in the same seed, with a 95 % Student t interval over seeds. Verdicts: `claims.md`."
 )
 
 
 def write_report(records: list[RunRecord], grid: Grid, root: Path, figures: bool = True) -> tuple[str, str]:
-    """Write the study's files into `root` from `records` (the finished runs of `grid`); returns the text of
+    """Write the study's files into `root` from `records` (every point of `grid`'s); returns the text of
     `results.md` and of `claims.md`."""
-    best = best_runs(records)
-    summaries = summarise(records)
-    fits = scaling_fits(best)
+    summaries = summarise(records, grid)
+    best = best_runs(records, summaries)
     sizes = [size.name for size in grid.sizes]
-    claims = claim_verdicts(best, sizes)
-    table = results_markdown(records, best, summaries, fits, grid)
+    fits = scaling_fits(best, sizes, len(grid.seeds))
+    claims = claim_verdicts(summaries, fits, sizes)
+    runs = status_lines(records)
+    table = results_markdown(records, runs, best, summaries, fits, grid)
+    verdicts = claims_markdown(claims, grid.describe(), runs)
     results = {
         "grid": {
             "sizes": [asdict(size) for size in grid.sizes],
@@ -42,33 +51,69 @@ def write_report(records: list[RunRecord], grid: Grid, root: Path, figures: bool
             "learning_rates": grid.learning_rates,
             "seeds": grid.seeds,
             "runs": len(grid.points()),
-            "finished": len(records),
         },
+        "counts": {status: sum(r.status == status for r in records) for status in (FINISHED, DIVERGED, MISSING)},
         "summary": [asdict(s) for s in summaries],
-        "scaling": {variant: asdict(fit) for variant, fit in fits.items()},
+        "scaling": [{k: v for k, v in asdict(fit).items() if k != "replicate_alphas"} for fit in fits],
         "claims": [asdict(claim) for claim in claims],
-        "runs": [asdict(r) for r in records],
+        "runs": records_json(records),
     }
-    write_text_atomically(root / "results.json", json.dumps(results, indent=2) + "\n")
-    verdicts = claims_markdown(claims, grid.describe())
+    write_text_atomically(root / "results.json", json.dumps(_finite(results), indent=2) + "\n")
     write_text_atomically(root / "results.md", table)
     write_text_atomically(root / "claims.md", verdicts)
-    if figures and records:
-        plot_losses(best, root / "loss_curves.png")
-        if len({size for size, _ in best}) > 1:
+    if figures and best:
+        if all((run.point.folder(root) / "trainer_state.json").is_file() for runs in best.values() for run in runs):
+            plot_losses(best, root, root / "loss_curves.png")
+        if fits:
             plot_scaling(best, fits, root / "scaling.png")
     return table, verdicts
 
 
+def _finite(value):
+    """`value` with every non-finite float as None (JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def status_lines(records: list[RunRecord]) -> list[str]:
+    """Which runs finished, which diverged (at which step) and which are missing: the lines every report leads with.
+    Runs are listed by size, variant and learning rate, with their seeds."""
+    counts = {status: [r for r in records if r.status == status] for status in (FINISHED, DIVERGED, MISSING)}
+    lines = [
+        f"Runs: {len(counts[FINISHED])} finished, {len(counts[DIVERGED])} diverged, {len(counts[MISSING])} missing, "
+        f"of the grid's {len(records)}."
+    ]
+    for status in (DIVERGED, MISSING):
+        groups = {}
+        for r in counts[status]:
+            seed = f"{r.seed} (step {r.step})" if status == DIVERGED else str(r.seed)
+            groups.setdefault(f"{r.size} {r.variant} lr {r.learning_rate:g}", []).append(seed)
+        shown = [f"{run}: seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}" for run, seeds in groups.items()]
+        if shown:
+            more = len(shown) - SHOWN_RUNS
+            rest = f"; and {more} more (`results.json` lists every run)" if more > 0 else ""
+            lines.append(f"{status.capitalize()}: " + "; ".join(shown[:SHOWN_RUNS]) + rest + ".")
+    return lines
+
+
 def results_markdown(
     records: list[RunRecord],
+    runs: list[str],
     best: dict[Key, list[RunRecord]],
     summaries: list[VariantSummary],
-    fits: dict[str, ScalingFit],
+    fits: list[ScalingFit],
     grid: Grid,
 ) -> str:
+    finished = sum(r.status == FINISHED for r in records)
     rows = [
-        f"# scalevec-ablate: {len(records)} of {len(grid.points())} runs finished",
+        f"# scalevec-ablate: {finished} of {len(records)} runs finished",
+        "",
+        *runs,
         "",
         f"Grid: {grid.describe()}.",
         "",
@@ -78,87 +123,80 @@ def results_markdown(
     ]
     for size in grid.sizes:
         ours = [s for s in summaries if s.size == size.name]
-        if ours:
-            rows += [
-                "",
-                f"## {size.name}",
-                "",
-                *_size_tables(ours, {s.variant: best[size.name, s.variant] for s in ours}),
-            ]
-    if fits:
-        rows += ["", "## Scaling", "", "Mean final eval loss at each size's best learning rate against N.", ""]
-        rows += ["| variant | form | E | A | α | rms (nats) | sizes |", "|---|---|---|---|---|---|---|"]
-        for variant, fit in fits.items():
-            floor = "-" if fit.E is None else f"{fit.E:.4f}"
-            rows.append(
-                f"| {variant} | {fit.form} | {floor} | {fit.A:.4g} | {fit.alpha:.4f} | {fit.rms:.4f} "
-                f"| {len(fit.parameters)} |"
-            )
+        rows += ["", f"## {size.name}", "", *_size_tables(ours, best)]
+    rows += ["", "## Scaling", "", *scaling_table(fits)]
     rows += ["", "The paper's claims, each with its verdict: `claims.md`."]
     return "\n".join(rows) + "\n"
 
 
-def _size_tables(summaries: list[VariantSummary], best: dict[str, list[RunRecord]]) -> list[str]:
-    """The tables of one size: `best` maps each variant to its runs at its best learning rate."""
+def scaling_table(fits: list[ScalingFit]) -> list[str]:
+    if not fits:
+        return ["No fit: it needs 4 sizes or more, each variant at its best learning rate at every one."]
     rows = [
-        "| variant | best lr | eval loss (mean ± std) | reference | Δ per seed | Δ (mean ± std) | paper | holds "
-        "| final train loss | tokens | scale params | train time / run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"L = E + A·N^-α, a Huber fit (δ = 1e-3) on log L of every seed's report-half loss at each size's best "
+        f"learning rate; 95 % intervals: percentiles of {REPLICATES} refits on seeds resampled with replacement.",
+        "",
+        "| variant | N counted | E [95 %] | E at a bound | A | α [95 %] | rms of the means (nats) | sizes | seeds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for fit in fits:
+        rows.append(
+            f"| {fit.variant} | {fit.counted} | {fit.E:.4f} [{fit.E_interval[0]:.4f}, {fit.E_interval[1]:.4f}] "
+            f"| {fit.E_bound or 'no'} | {fit.A:.4g} | {fit.alpha:.4f} [{fit.alpha_interval[0]:.4f}, "
+            f"{fit.alpha_interval[1]:.4f}] | {fit.rms:.4f} | {len(fit.parameters)} | {len(fit.seeds)} |"
+        )
+    return rows
+
+
+def _size_tables(summaries: list[VariantSummary], best: dict[Key, list[RunRecord]]) -> list[str]:
+    rows = [
+        "| variant | best lr | report loss (mean ± std) | reference | Δ per seed | mean Δ [95 %] | paper "
+        "| final train loss | tokens | parameters (non-embedding / total / active) | scale params | train time / run "
+        "| learning-rate grid |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
-        runs = best[s.variant]
-        differences = list(s.differences.values())
-        reference = f"{s.reference} (lr {s.reference_learning_rate:g})" if s.reference else "-"
-        rows.append(
-            f"| {s.variant} | {s.best_learning_rate:g} | {_mean_std(s.eval_loss_mean, s.eval_loss_std)} "
-            f"| {reference} | {', '.join(f'{d:+.4f}' for d in differences) or '-'} "
-            f"| {_spread(differences)} | {PREDICTIONS.get(s.expected, '-')} "
-            f"| {f'{s.holds}/{len(differences)}' if s.expected else '-'} | {s.train_loss_mean:.4f} "
-            f"| {runs[0].tokens:,} | {runs[0].scale_parameters:,} "
-            f"| {duration_text(statistics.median(r.train_seconds for r in runs))} |"
+        if s.status != SELECTED:
+            why = f"incomplete: {len(s.missing)} missing" if s.missing else "no rate selectable"
+            rows.append(f"| {s.variant} | {why} |" + " - |" * 11)
+            continue
+        runs = best[s.size, s.variant]
+        first = runs[0]
+        counts = " / ".join(
+            "-" if getattr(first, name) is None else f"{getattr(first, name):,}" for name in COUNTS.values()
         )
-    learning_rates = list(dict.fromkeys(result.learning_rate for s in summaries for result in s.learning_rates))
-    if len(learning_rates) > 1:
-        rows += ["", "Final eval loss at every learning rate (mean ± std; seeds; the best in bold):", ""]
-        rows += ["| variant | " + " | ".join(f"lr {lr:g}" for lr in learning_rates) + " |"]
-        rows += ["|---|" + "---|" * len(learning_rates)]
-        for s in summaries:
-            cells = {result.learning_rate: result for result in s.learning_rates}
-            rows.append(f"| {s.variant} | " + " | ".join(_cell(cells.get(lr), s) for lr in learning_rates) + " |")
-    rows += ["", "Lowest eval loss first, per seed (each variant at its best learning rate):", ""]
-    evaluated = [r for runs in best.values() for r in runs if r.eval_loss is not None]
-    for seed in dict.fromkeys(r.seed for r in evaluated):
-        ranked = sorted((r for r in evaluated if r.seed == seed), key=lambda r: r.eval_loss)
-        rows.append(f"- seed {seed}: " + " < ".join(f"{r.variant} {r.eval_loss:.4f}" for r in ranked))
-    failed = {}
+        differences = list(s.differences.values())
+        interval = interval_text(paired_interval(differences)) if differences else "-"
+        reference = f"{s.reference} (lr {s.reference_learning_rate:g})" if s.reference else "-"
+        trained = "-" if s.train_loss_mean is None else f"{s.train_loss_mean:.4f}"
+        seconds = [r.train_seconds for r in runs if r.train_seconds is not None]
+        rows.append(
+            f"| {s.variant} | {s.best_learning_rate:g} | {_mean_std(s.report_loss_mean, s.report_loss_std)} "
+            f"| {reference} | {', '.join(f'{d:+.4f}' for d in differences) or '-'} | {interval} "
+            f"| {PREDICTIONS.get(s.expected, '-')} | {trained} | {first.tokens:,} | {counts} "
+            f"| {'-' if first.scale_parameters is None else f'{first.scale_parameters:,}'} "
+            f"| {duration_text(statistics.median(seconds)) if seconds else '-'} | {s.edge or 'inside'} |"
+        )
+    rates = [result.learning_rate for result in summaries[0].learning_rates] if summaries else []
+    rows += ["", "Selection-half loss at every learning rate (mean over the seeds; the best in bold):", ""]
+    rows += ["| variant | " + " | ".join(f"lr {lr:g}" for lr in rates) + " |", "|---|" + "---|" * len(rates)]
     for s in summaries:
-        for seed, difference in s.differences.items():
-            if s.expected and not as_predicted(difference, s.expected):
-                failed.setdefault(seed, []).append(s.variant)
-    if any(s.expected for s in summaries):
-        verdict = "yes" if not failed else "no: " + "; ".join(f"seed {k}: {', '.join(v)}" for k, v in failed.items())
-        rows += ["", f"The paper's predictions hold in every seed: {verdict}."]
+        rows.append(f"| {s.variant} | " + " | ".join(_cell(result, s) for result in s.learning_rates) + " |")
     return rows
 
 
 def _cell(result, summary: VariantSummary) -> str:
-    if result is None or result.eval_loss_mean is None:
-        return "-"
-    mean = f"{result.eval_loss_mean:.4f}"
+    notes = [f"{len(seeds)} {name}" for seeds, name in ((result.diverged, "diverged"), (result.missing, "missing"))]
+    notes = [note for note in notes if not note.startswith("0 ")]
+    if result.select_loss_mean is None:
+        return "; ".join(notes) or "not evaluated"
+    mean = f"{result.select_loss_mean:.4f}"
     if result.learning_rate == summary.best_learning_rate:
         mean = f"**{mean}**"
-    spread = "" if result.eval_loss_std is None else f" ± {result.eval_loss_std:.4f}"
-    return f"{mean}{spread} ({len(result.seeds)})"
+    return mean
 
 
 def _mean_std(mean: float | None, std: float | None) -> str:
     if mean is None:
         return "-"
     return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
-
-
-def _spread(values: list[float]) -> str:
-    if not values:
-        return "-"
-    std = statistics.stdev(values) if len(values) > 1 else None
-    return f"{statistics.mean(values):+.4f}" + ("" if std is None else f" ± {std:.4f}")

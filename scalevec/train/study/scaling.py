@@ -1,133 +1,169 @@
-"""How final eval loss falls with model size: per variant, a fit of the loss at each size's best learning rate
-against N (non-embedding parameters), and `scaling.png`. numpy only.
+"""How the loss falls with model size: per variant, L = E + A·N^-α fitted to the report-half loss of every seed at
+each size's best learning rate, with bootstrap intervals, and `scaling.png`.
 
-With 4 sizes or more, Chinchilla's form L = E + A·N^-α: for each irreducible loss E on a fine grid below the
-lowest loss, log(L - E) is a straight line in log N (least squares gives A and α), and the E of the least squared
-error in L is kept, the grid refined around it. With 2 or 3 sizes the saturating form has as many parameters as
-points or more, so a plain power law L = A·N^-α (Kaplan's, a straight line in log-log) is fitted instead."""
+The fit is Chinchilla's approach 3 as Besiroglu et al. (2024) corrected it: a Huber loss (δ = 1e-3) on the residuals
+of log L, minimised by L-BFGS-B from a grid of starts, with E bounded to [0, the lowest loss]; a fit whose E ends at
+a bound says so. Its 95 % intervals on α and E are percentiles of `REPLICATES` refits on the seeds resampled with
+replacement (every size keeps its seed pairing, and every variant is refitted on the same resamples, so that the
+difference of two variants' α has an interval of its own). A fit needs `MIN_SIZES` sizes or more, each with every
+seed at its best learning rate; with fewer, there is none. N is counted three ways, each fitted: non-embedding
+parameters (Kaplan's N), total parameters (Chinchilla's; the scaling claim's, following Pearce & Song 2024, who show
+that non-embedding counts bias small-scale exponents), and for MoE models the parameters a token uses."""
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import minimize
 
-from ..diagnostics import save_figure
 from .records import RunRecord
-from .summary import Key, eval_losses
+from .summary import Key, report_losses
 
-SATURATING = "E + A·N^-α"
-POWER_LAW = "A·N^-α"
-SATURATING_FROM = 4  # sizes
+MIN_SIZES = 4
+REPLICATES = 200
+HUBER_DELTA = 1e-3
+COUNTS = {  # how N is counted -> the record's field
+    "non-embedding": "non_embedding_parameters",
+    "total": "total_parameters",
+    "active": "active_parameters",
+}
+CLAIM_COUNT = "total"
+_ALPHA_BOUNDS = (0.0, 3.0)
 
 
 @dataclass
 class ScalingFit:
-    form: str
-    E: float | None  # irreducible loss; None for the power law
+    variant: str
+    counted: str  # a key of COUNTS
+    E: float  # irreducible loss
     A: float
     alpha: float
     parameters: list[int]  # N of each size fitted
-    losses: list[float]  # the mean final eval loss fitted at each
-    rms: float  # root mean square of the residuals, in nats
+    losses: list[float]  # the mean report-half loss at each, over the seeds
+    seeds: list[int]
+    rms: float  # root mean square of the residuals of those means, in nats
+    E_bound: str | None  # "0" or "the lowest loss" where E ended at a bound of the fit
+    alpha_interval: tuple[float, float] = (float("nan"), float("nan"))
+    E_interval: tuple[float, float] = (float("nan"), float("nan"))
+    replicate_alphas: list[float] = field(default_factory=list, repr=False)
 
-    def predict(self, parameters: np.ndarray) -> np.ndarray:
-        return (self.E or 0.0) + self.A * np.asarray(parameters, dtype=float) ** -self.alpha
-
-
-def fit_scaling(parameters: list[int], losses: list[float]) -> ScalingFit | None:
-    """The saturating fit with 4 distinct sizes or more, the power law with 2 or 3, None with fewer."""
-    distinct = len(set(parameters))
-    if distinct >= SATURATING_FROM:
-        return fit_saturating(parameters, losses)
-    return fit_power_law(parameters, losses) if distinct >= 2 else None
+    def predict(self, parameters) -> np.ndarray:
+        return self.E + self.A * np.asarray(parameters, dtype=float) ** -self.alpha
 
 
-def fit_power_law(parameters: list[int], losses: list[float]) -> ScalingFit:
-    slope, intercept = np.polyfit(np.log(parameters), np.log(losses), 1)
-    return _fit(POWER_LAW, None, float(np.exp(intercept)), float(-slope), parameters, losses)
+def huber_fit(parameters: np.ndarray, losses: np.ndarray, start: tuple | None = None) -> tuple[float, float, float]:
+    """(E, A, α) minimising the Huber loss of log(E + A·N^-α) - log L; from `start` (E, log A, α) alone, or else
+    from a grid of starts."""
+    log_n, log_l = np.log(parameters), np.log(losses)
+    ceiling = float(losses.min()) * (1 - 1e-9)
+
+    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
+        floor, log_a, alpha = x
+        power = np.exp(log_a - alpha * log_n)
+        predicted = floor + power
+        residual = np.log(predicted) - log_l
+        small = np.abs(residual) <= HUBER_DELTA
+        value = np.where(small, 0.5 * residual**2, HUBER_DELTA * (np.abs(residual) - 0.5 * HUBER_DELTA))
+        slope = np.where(small, residual, HUBER_DELTA * np.sign(residual)) / predicted
+        gradient = np.array([slope.sum(), (slope * power).sum(), -(slope * power * log_n).sum()])
+        return float(value.sum()) / HUBER_DELTA**2, gradient / HUBER_DELTA**2  # residuals in units of δ
+
+    if start is None:  # each (E, α) of a small grid, with the log A that fits it best on average
+        pairs = [(f * ceiling, alpha) for f in (0.0, 0.5, 0.9) for alpha in (0.1, 0.3, 0.6)]
+        starts = [(floor, float(np.mean(np.log(losses - floor) + alpha * log_n)), alpha) for floor, alpha in pairs]
+    else:
+        starts = [start]
+    bounds = [(0.0, ceiling), (-30.0, 60.0), _ALPHA_BOUNDS]
+    options = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 2000}
+    fits = [
+        minimize(objective, np.array(x0), jac=True, method="L-BFGS-B", bounds=bounds, options=options) for x0 in starts
+    ]
+    best = min(fits, key=lambda fit: fit.fun).x
+    return float(best[0]), float(np.exp(best[1])), float(best[2])
 
 
-def fit_saturating(parameters: list[int], losses: list[float], points: int = 200, rounds: int = 4) -> ScalingFit:
-    log_n, loss = np.log(parameters), np.asarray(losses, dtype=float)
-
-    def line(floor: float) -> tuple[float, float, float]:  # (squared error in L, A, alpha) with E = floor
-        slope, intercept = np.polyfit(log_n, np.log(loss - floor), 1)
-        return float(np.sum((floor + np.exp(intercept + slope * log_n) - loss) ** 2)), np.exp(intercept), -slope
-
-    low, high = 0.0, float(loss.min()) * (1 - 1e-9)
-    for _ in range(rounds):
-        floors = np.linspace(low, high, points)
-        best = min(range(points), key=lambda i: line(floors[i])[0])
-        low, high = floors[max(best - 2, 0)], floors[min(best + 2, points - 1)]
-    floor = float(floors[best])
-    _, coefficient, alpha = line(floor)
-    return _fit(SATURATING, floor, float(coefficient), float(alpha), parameters, losses)
-
-
-def _fit(form, floor, coefficient, alpha, parameters, losses) -> ScalingFit:
-    fit = ScalingFit(form, floor, coefficient, alpha, list(parameters), list(losses), 0.0)
-    fit.rms = float(np.sqrt(np.mean((fit.predict(parameters) - np.asarray(losses)) ** 2)))
+def fit_variant(
+    variant: str, runs_by_size: list[list[RunRecord]], counted: str, draws: np.ndarray
+) -> ScalingFit | None:
+    """The fit of one variant over its sizes (`runs_by_size`: each size's runs at its best learning rate), N counted
+    as `counted`; `draws`: the bootstrap's seed resamples (positions in the seeds' order). None without every seed's
+    report loss and N at `MIN_SIZES` sizes."""
+    seeds = sorted(set.intersection(*(set(report_losses(runs)) for runs in runs_by_size))) if runs_by_size else []
+    counts = [getattr(runs[0], COUNTS[counted]) for runs in runs_by_size]
+    if len(runs_by_size) < MIN_SIZES or not seeds or None in counts or len(set(counts)) < MIN_SIZES:
+        return None
+    table = np.array([[report_losses(runs)[seed] for seed in seeds] for runs in runs_by_size])  # sizes x seeds
+    n = np.array(counts, dtype=float)
+    floor, coefficient, alpha = huber_fit(np.repeat(n, len(seeds)), table.ravel())
+    means = table.mean(axis=1)
+    ceiling = float(table.min())
+    bound = "0" if floor <= 1e-9 * ceiling else "the lowest loss" if floor >= ceiling * (1 - 1e-6) else None
+    fit = ScalingFit(variant, counted, floor, coefficient, alpha, counts, means.tolist(), seeds, 0.0, bound)
+    fit.rms = float(np.sqrt(np.mean((fit.predict(n) - means) ** 2)))
+    start = (floor, float(np.log(coefficient)), alpha)
+    replicates = [huber_fit(np.repeat(n, len(seeds)), table[:, draw % len(seeds)].ravel(), start) for draw in draws]
+    floors, alphas = np.array([r[0] for r in replicates]), np.array([r[2] for r in replicates])
+    fit.alpha_interval = tuple(np.percentile(alphas, [2.5, 97.5]).tolist())
+    fit.E_interval = tuple(np.percentile(floors, [2.5, 97.5]).tolist())
+    fit.replicate_alphas = alphas.tolist()
     return fit
 
 
-def scaling_fits(best: dict[Key, list[RunRecord]]) -> dict[str, ScalingFit]:
-    """Variant -> the fit of its mean final eval loss at each size's best learning rate (variants run at one size
-    only are left out)."""
-    points = {}
-    for (_, variant), runs in best.items():
-        if evals := list(eval_losses(runs).values()):
-            points.setdefault(variant, []).append((runs[0].non_embedding_parameters, statistics.mean(evals)))
-    fits = {variant: fit_scaling(*zip(*pairs)) for variant, pairs in points.items()}
-    return {variant: fit for variant, fit in fits.items() if fit is not None}
+def seed_draws(seeds: int, replicates: int = REPLICATES) -> np.ndarray:
+    """Resamples of `seeds` positions with replacement, the same on every call (a fixed generator)."""
+    return np.random.default_rng(0).integers(0, max(seeds, 1), size=(replicates, seeds))
 
 
-def exponents_per_seed(best: dict[Key, list[RunRecord]], variant: str) -> dict[int, float]:
-    """Seed -> α of the power law through that seed's runs of `variant` over the sizes (at their best learning
-    rates), for the seeds run at 2 sizes or more."""
-    points = {}
-    for (_, name), runs in best.items():
-        for r in runs:
-            if name == variant and r.eval_loss is not None:
-                points.setdefault(r.seed, []).append((r.non_embedding_parameters, r.eval_loss))
-    return {
-        seed: fit_power_law(*zip(*pairs)).alpha for seed, pairs in points.items() if len({n for n, _ in pairs}) > 1
-    }
+def scaling_fits(best: dict[Key, list[RunRecord]], sizes: list[str], seeds: int) -> list[ScalingFit]:
+    """Every variant's fits (one per way of counting N), for the variants at their best rate at every size of
+    `sizes` (the grid's); `seeds`: how many the grid has."""
+    draws = seed_draws(seeds)
+    variants = list(dict.fromkeys(variant for _, variant in best))
+    fits = []
+    for variant in variants:
+        if all((size, variant) in best for size in sizes):
+            runs = [best[size, variant] for size in sizes]
+            for counted in COUNTS:
+                if counted == "active" and all(r[0].active_parameters == r[0].total_parameters for r in runs):
+                    continue  # dense: active is total
+                fits.append(fit_variant(variant, runs, counted, draws))
+    return [fit for fit in fits if fit is not None]
 
 
-def plot_scaling(best: dict[Key, list[RunRecord]], fits: dict[str, ScalingFit], path: Path) -> Path:
-    """Log-log: each run at its size's best learning rate (dots), the mean over seeds with its min–max (bars), and
-    each variant's fit (line)."""
+def plot_scaling(best: dict[Key, list[RunRecord]], fits: list[ScalingFit], path: Path) -> Path:
+    """Log-log against N counted as the claim counts it: each seed's report loss at its size's best learning rate
+    (dots), the mean over seeds (circles), and each variant's fit (line)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
+    from ..diagnostics import save_figure
+
     fig, axis = plt.subplots(figsize=(8, 5.5))
-    variants = list(dict.fromkeys(variant for _, variant in best))
-    for index, variant in enumerate(variants):
-        colour = f"C{index}"
-        label = variant
+    shown = {fit.variant: fit for fit in fits if fit.counted == CLAIM_COUNT}
+    for index, variant in enumerate(dict.fromkeys(variant for _, variant in best)):
+        colour, label = f"C{index}", variant
         for (_, name), runs in best.items():
-            evals = list(eval_losses(runs).values())
-            if name != variant or not evals:
+            losses = list(report_losses(runs).values())
+            n = getattr(runs[0], COUNTS[CLAIM_COUNT])
+            if name != variant or not losses or n is None:
                 continue
-            n = runs[0].non_embedding_parameters
-            mean = statistics.mean(evals)
-            axis.scatter([n] * len(evals), evals, color=colour, alpha=0.35, s=14)
-            axis.errorbar([n], [mean], yerr=[[mean - min(evals)], [max(evals) - mean]], fmt="o", color=colour)
-        if variant in fits:
-            fit = fits[variant]
+            axis.scatter([n] * len(losses), losses, color=colour, alpha=0.35, s=14)
+            axis.scatter([n], [statistics.fmean(losses)], color=colour)
+        if (fit := shown.get(variant)) is not None:
             grid = np.geomspace(min(fit.parameters) / 1.3, max(fit.parameters) * 1.3, 100)
             axis.plot(grid, fit.predict(grid), color=colour, linewidth=1.2)
-            label = f"{variant}: α = {fit.alpha:.3f} ({fit.form})"
+            low, high = fit.alpha_interval
+            label = f"{variant}: α = {fit.alpha:.3f} [{low:.3f}, {high:.3f}]"
         axis.plot([], [], "o-", color=colour, label=label)
-    axis.set(xscale="log", yscale="log", xlabel="non-embedding parameters N", ylabel="final eval loss (nats/token)")
+    axis.set(xscale="log", yscale="log", xlabel=f"{CLAIM_COUNT} parameters N", ylabel="report-half eval loss")
     plain = FuncFormatter(lambda value, _: f"{value:g}")  # a loss spans less than a decade: no 8 x 10^0
     axis.yaxis.set_major_formatter(plain)
     axis.yaxis.set_minor_formatter(plain)
-    axis.set_title("each size at its best learning rate (dots: seeds; bars: min–max; line: fit)", fontsize=10)
+    axis.set_title("each size at its best learning rate; line: E + A·N^-α (Huber on log L)", fontsize=10)
     axis.legend(fontsize="small")
     fig.tight_layout()
     return save_figure(fig, path)

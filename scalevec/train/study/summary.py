@@ -1,108 +1,149 @@
 """Each (size, variant) at its best learning rate, and its paired differences to its reference at the reference's
-best learning rate, seed by seed."""
+best learning rate, seed by seed.
 
-import math
+The best learning rate is chosen on the selection half of the held-out blocks (`eval_select_loss`: lowest mean over
+the grid's seeds) and every difference is measured on the other, disjoint half (`eval_report_loss`), so that the
+number reported is not the one the choice was made by. A rate at which any seed diverged, or whose selection loss is
+missing or not finite in any seed, loses the choice. A variant is at its best rate only when every learning rate of
+the grid finished or diverged in every seed of the grid; until then it is *incomplete* and names what is missing.
+A best rate at either end of the grid is flagged: the true optimum may lie beyond it."""
+
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .records import RunRecord
-from .variants import VARIANTS, as_predicted
+from .grid import Grid
+from .records import DIVERGED, FINISHED, MISSING, RunRecord
+from .variants import VARIANTS
 
 Key = tuple[str, str]  # (size, variant)
+SELECTED, INCOMPLETE, NONE_SELECTABLE = "selected", "incomplete", "no rate selectable"
 
 
 @dataclass
 class LearningRateResult:
     learning_rate: float
-    seeds: list[int]
-    eval_loss_mean: float | None
-    eval_loss_std: float | None  # sample standard deviation; None with fewer than two seeds
+    finished: list[int]  # seeds
+    diverged: list[int]
+    missing: list[int]
+    select_loss_mean: float | None  # over the grid's seeds, where every one finished with a finite selection loss
+    report_loss_mean: float | None  # over the seeds that finished with a finite report loss
+    report_loss_std: float | None  # sample standard deviation; None with fewer than two seeds
 
 
 @dataclass
 class VariantSummary:
-    """One variant at one size, at its best learning rate, over the seeds."""
+    """One variant at one size: every learning rate, and the best one with its runs' figures."""
 
     size: str
     variant: str
-    best_learning_rate: float
-    seeds: list[int]
-    eval_loss_mean: float | None
-    eval_loss_std: float | None
-    train_loss_mean: float
-    reference: str | None
-    reference_learning_rate: float | None  # the reference's own best learning rate
-    differences: dict[int, float]  # seed -> eval loss minus the reference's in that seed
-    expected: str | None
-    holds: int  # seeds in which the difference has the sign the paper predicts
-    learning_rates: list[LearningRateResult]  # every learning rate run, in the order given
+    status: str  # SELECTED, INCOMPLETE or NONE_SELECTABLE
+    missing: list[str]  # the runs still missing ("lr 0.01 seed 1"), when INCOMPLETE
+    learning_rates: list[LearningRateResult]  # every learning rate of the grid, in the order given
+    best_learning_rate: float | None = None
+    edge: str | None = None  # "extend the grid above 0.01" where the best rate is the grid's highest, ...
+    report_loss_mean: float | None = None
+    report_loss_std: float | None = None
+    report_losses: dict[int, float] = field(default_factory=dict)  # seed -> report loss at the best rate
+    train_loss_mean: float | None = None
+    reference: str | None = None
+    reference_learning_rate: float | None = None  # the reference's own best learning rate
+    differences: dict[int, float] = field(default_factory=dict)  # seed -> report loss minus the reference's
+    expected: str | None = None
 
 
 def by_learning_rate(records: list[RunRecord]) -> dict[Key, dict[float, list[RunRecord]]]:
-    """(size, variant) -> learning rate -> its runs, in the order run."""
+    """(size, variant) -> learning rate -> its runs (whole runs only), in the grid's order."""
     grouped = defaultdict(lambda: defaultdict(list))
     for record in records:
-        grouped[record.size, record.variant][record.learning_rate].append(record)
+        if record.budget is None:
+            grouped[record.size, record.variant][record.learning_rate].append(record)
     return grouped
 
 
-def best_runs(records: list[RunRecord]) -> dict[Key, list[RunRecord]]:
-    """(size, variant) -> its runs at its best learning rate: of the learning rates with the most seeds finished,
-    the one of lowest mean final eval loss (training loss where nothing was evaluated)."""
-    return {key: min(runs.values(), key=_rank) for key, runs in by_learning_rate(records).items()}
+def _rate_result(learning_rate: float, runs: list[RunRecord]) -> LearningRateResult:
+    def seeds(status: str) -> list[int]:
+        return [r.seed for r in runs if r.status == status]
+
+    select = [r.eval_select_loss for r in runs]
+    report = [r.eval_report_loss for r in runs if r.status == FINISHED and r.eval_report_loss is not None]
+    selectable = all(r.status == FINISHED for r in runs) and None not in select
+    return LearningRateResult(
+        learning_rate=learning_rate,
+        finished=seeds(FINISHED),
+        diverged=seeds(DIVERGED),
+        missing=seeds(MISSING),
+        select_loss_mean=statistics.fmean(select) if selectable and runs else None,
+        report_loss_mean=statistics.fmean(report) if report else None,
+        report_loss_std=statistics.stdev(report) if len(report) > 1 else None,
+    )
 
 
-def _rank(runs: list[RunRecord]) -> tuple[int, float, float]:
-    evals = list(eval_losses(runs).values())
-    return -len(runs), statistics.mean(evals) if evals else math.inf, statistics.mean(r.train_loss for r in runs)
+def select(size: str, variant: str, rates: dict[float, list[RunRecord]], grid: Grid) -> VariantSummary:
+    """The best learning rate of one (size, variant) on the selection half, or why there is none."""
+    results = [_rate_result(lr, rates.get(lr, [])) for lr in grid.learning_rates]
+    missing = [f"lr {r.learning_rate:g} seed {seed}" for r in results for seed in r.missing]
+    summary = VariantSummary(size, variant, INCOMPLETE if missing else NONE_SELECTABLE, missing, results)
+    candidates = [r for r in results if r.select_loss_mean is not None]
+    if missing or not candidates:
+        return summary
+    best = min(candidates, key=lambda r: r.select_loss_mean)  # the first of equals, in the grid's order
+    runs = rates[best.learning_rate]
+    summary.status, summary.best_learning_rate = SELECTED, best.learning_rate
+    summary.edge = edge_flag(best.learning_rate, grid.learning_rates)
+    summary.report_loss_mean, summary.report_loss_std = best.report_loss_mean, best.report_loss_std
+    summary.report_losses = report_losses(runs)
+    trained = [r.train_loss for r in runs if r.train_loss is not None]
+    summary.train_loss_mean = statistics.fmean(trained) if trained else None
+    return summary
 
 
-def eval_losses(runs: list[RunRecord]) -> dict[int, float]:
-    return {r.seed: r.eval_loss for r in runs if r.eval_loss is not None}
+def edge_flag(best: float, rates: list[float]) -> str | None:
+    """What to do when the best rate lies at an end of the grid (the optimum may lie beyond it); None inside."""
+    if len(rates) == 1:
+        return "one learning rate only: not tuned"
+    if best == max(rates):
+        return f"extend the grid above {best:g}"
+    if best == min(rates):
+        return f"extend the grid below {best:g}"
+    return None
+
+
+def best_runs(records: list[RunRecord], summaries: list[VariantSummary]) -> dict[Key, list[RunRecord]]:
+    """(size, variant) -> its runs at its best learning rate, for the variants with one."""
+    grouped = by_learning_rate(records)
+    return {
+        (s.size, s.variant): grouped[s.size, s.variant][s.best_learning_rate]
+        for s in summaries
+        if s.status == SELECTED
+    }
+
+
+def report_losses(runs: list[RunRecord]) -> dict[int, float]:
+    return {r.seed: r.eval_report_loss for r in runs if r.eval_report_loss is not None}
 
 
 def paired_differences(variant: list[RunRecord], reference: list[RunRecord]) -> dict[int, float]:
-    """Seed -> eval loss of `variant` minus that of `reference`, over the seeds both have."""
-    ours, theirs = eval_losses(variant), eval_losses(reference)
+    """Seed -> report-half loss of `variant` minus that of `reference`, over the seeds both have."""
+    ours, theirs = report_losses(variant), report_losses(reference)
     return {seed: loss - theirs[seed] for seed, loss in ours.items() if seed in theirs}
 
 
-def summarise(records: list[RunRecord]) -> list[VariantSummary]:
-    """Per size and variant, in the order run."""
-    best = best_runs(records)
+def summarise(records: list[RunRecord], grid: Grid) -> list[VariantSummary]:
+    """Per size and variant of `grid`, in its order; `records`: every point's (`grid_records`)."""
     grouped = by_learning_rate(records)
-    summaries = []
-    for (size, name), runs in best.items():
-        variant = VARIANTS[name]
-        reference = best.get((size, variant.reference), [])
-        differences = paired_differences(runs, reference)
-        at_best = _learning_rate_result(runs[0].learning_rate, runs)
-        summaries.append(
-            VariantSummary(
-                size=size,
-                variant=name,
-                best_learning_rate=at_best.learning_rate,
-                seeds=at_best.seeds,
-                eval_loss_mean=at_best.eval_loss_mean,
-                eval_loss_std=at_best.eval_loss_std,
-                train_loss_mean=statistics.mean(r.train_loss for r in runs),
-                reference=variant.reference if differences else None,
-                reference_learning_rate=reference[0].learning_rate if differences else None,
-                differences=differences,
-                expected=variant.expected if differences else None,
-                holds=sum(as_predicted(d, variant.expected) for d in differences.values()),
-                learning_rates=[_learning_rate_result(lr, runs) for lr, runs in grouped[size, name].items()],
-            )
-        )
+    summaries = [
+        select(size.name, variant, grouped.get((size.name, variant), {}), grid)
+        for size in grid.sizes
+        for variant in grid.variants
+    ]
+    best = best_runs(records, summaries)
+    chosen = {(s.size, s.variant): s for s in summaries}
+    for s in summaries:
+        variant = VARIANTS[s.variant]
+        reference = chosen.get((s.size, variant.reference))
+        if s.status == SELECTED and reference is not None and reference.status == SELECTED:
+            s.reference, s.reference_learning_rate = variant.reference, reference.best_learning_rate
+            s.differences = paired_differences(best[s.size, s.variant], best[s.size, variant.reference])
+            s.expected = variant.expected
     return summaries
-
-
-def _learning_rate_result(learning_rate: float, runs: list[RunRecord]) -> LearningRateResult:
-    evals = list(eval_losses(runs).values())
-    return LearningRateResult(
-        learning_rate=learning_rate,
-        seeds=[r.seed for r in runs],
-        eval_loss_mean=statistics.mean(evals) if evals else None,
-        eval_loss_std=statistics.stdev(evals) if len(evals) > 1 else None,
-    )

@@ -3,8 +3,6 @@ compared with seed by seed and the paper's prediction for that comparison."""
 
 from dataclasses import dataclass
 
-from ..trainer import ScaleVecTrainingArguments
-
 
 @dataclass(frozen=True)
 class Variant:
@@ -18,12 +16,13 @@ class Variant:
     decay_output_scales: bool = False  # decayed as the matrices are (--weight-decay)
     decay_toward_one: bool = False  # the scales' decay pulls them toward 1 (the identity), not 0
 
-    def training_overrides(self, args: ScaleVecTrainingArguments) -> dict:
+    def training_overrides(self, weight_decay: float) -> dict:
+        """The training arguments this variant sets, given the matrices' `--weight-decay`."""
         overrides = {"scale_decay_target": 1.0} if self.decay_toward_one else {}
         if self.exempt_input_scales:
             overrides["input_scale_weight_decay"] = 0.0
         if self.decay_output_scales:
-            overrides["output_scale_weight_decay"] = args.weight_decay
+            overrides["output_scale_weight_decay"] = weight_decay
         return overrides
 
 
