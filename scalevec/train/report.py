@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..data import TrainingData
+from ..data.held_out import EVALUATION_HALVES
 from ..run_records import (
     TASK_FIGURES,
     TASKS_MEAN,
@@ -21,7 +22,6 @@ from ..run_records import (
 )
 from .task_scoring import request_tokens
 from .tasks import Task
-from ..data.held_out import EVALUATION_HALVES
 from .throughput import device_peak_flops
 
 
