@@ -5,8 +5,9 @@ the training loop's exact evaluation. Reports per strategy the median difference
 the kurtosis of the residual stream (largest over layers) that the run logged at its last evaluation.
 
 Usage: python benchmarks/bench_quantization.py [--output-dir runs/quantization] [--size 4x128] [--steps 300]
-       [--seeds 0,1,2]
-Finished runs in --output-dir are reused (`scalevec-train --resume`), so a rerun only evaluates.
+       [--seeds 0,1,2] [--strategies none,standard,unified]
+Finished runs and their measurements in --output-dir are reused, so processes can share the work by strategy
+(`--strategies none`, ...) and a last call with every strategy prints the table.
 """
 
 import argparse
@@ -22,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import machine, today  # noqa: E402
 from scalevec import ScaleVecForCausalLM  # noqa: E402
+from scalevec.atomic import write_text_atomically  # noqa: E402
 from scalevec.data.build import DataArguments, build_training_data, load_tokenizer  # noqa: E402
 from scalevec.data.collator import PackedBlockCollator  # noqa: E402
 from scalevec.quantization import QUANTIZATION_SCHEMES, quantize_weights  # noqa: E402
@@ -33,7 +35,7 @@ MAX_EVAL_TOKENS = 1 << 16
 
 
 def train_run(output_dir: Path, strategy: str, seed: int, size: str, steps: int) -> Path:
-    run = output_dir / f"{size}-{strategy}-seed{seed}"
+    run = output_dir / f"{size}-{steps}steps-{strategy}-seed{seed}"
     argv = [
         sys.executable, "-m", "scalevec.train.cli", "--model-size", size, "--scale-preset", strategy,
         "--seed", str(seed), "--max-steps", str(steps), "--per-device-train-batch-size", "8",
@@ -77,35 +79,48 @@ def spread(values: list[float], digits: int = 4) -> str:
     return f"{statistics.median(values):+.{digits}f} [{min(values):+.{digits}f}, {max(values):+.{digits}f}]"
 
 
+def run_results(output_dir: Path, strategy: str, seed: int, size: str, steps: int) -> dict[str, float]:
+    """The losses and kurtosis of one run, trained and measured once (kept in the run folder)."""
+    run = train_run(output_dir, strategy, seed, size, steps)
+    record = run / "quantization.json"
+    if not record.is_file():
+        write_text_atomically(record, json.dumps({**held_out_losses(run, seed), "kurtosis": residual_kurtosis(run)}))
+    return json.loads(record.read_text())
+
+
+def table(rows: dict[str, list[dict]]) -> str:
+    lines = [
+        "| strategy | held-out loss | int8 - as trained | int4 - as trained | residual kurtosis (max over layers) |",
+        "|---|---|---|---|---|",
+    ]
+    for strategy, results in rows.items():
+        base = [r["as trained"] for r in results]
+        int8 = [r["int8"] - r["as trained"] for r in results]
+        int4 = [r["int4"] - r["as trained"] for r in results]
+        kurtosis = [r["kurtosis"] for r in results]
+        lines.append(
+            f"| {strategy} | {statistics.median(base):.4f} [{min(base):.4f}, {max(base):.4f}] | {spread(int8)} | "
+            f"{spread(int4)} | {statistics.median(kurtosis):.1f} [{min(kurtosis):.1f}, {max(kurtosis):.1f}] |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", type=Path, default=Path("runs/quantization"))
     parser.add_argument("--size", default="4x128")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="processes may share the work by strategy")
     args = parser.parse_args()
     torch.set_num_threads(1)
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    rows = {}
-    for strategy in STRATEGIES:
-        results = []
-        for seed in seeds:
-            run = train_run(args.output_dir, strategy, seed, args.size, args.steps)
-            results.append({**held_out_losses(run, seed), "kurtosis": residual_kurtosis(run)})
-            print(strategy, seed, results[-1], flush=True)
-        rows[strategy] = results
-    print(f"\n{today()}, {machine()}; {args.size}, {args.steps} steps of 8 x {SEQ_LEN} tokens, seeds {args.seeds}")
-    print("| strategy | held-out loss | int8 - as trained | int4 - as trained | residual kurtosis (max over layers) |")
-    print("|---|---|---|---|---|")
-    for strategy, results in rows.items():
-        base = [r["as trained"] for r in results]
-        int8 = [r["int8"] - r["as trained"] for r in results]
-        int4 = [r["int4"] - r["as trained"] for r in results]
-        kurtosis = [r["kurtosis"] for r in results]
-        print(
-            f"| {strategy} | {statistics.median(base):.4f} [{min(base):.4f}, {max(base):.4f}] | {spread(int8)} | "
-            f"{spread(int4)} | {statistics.median(kurtosis):.1f} [{min(kurtosis):.1f}, {max(kurtosis):.1f}] |"
-        )
+    rows = {
+        strategy: [run_results(args.output_dir, strategy, seed, args.size, args.steps) for seed in seeds]
+        for strategy in args.strategies.split(",")
+    }
+    print(f"{today()}, {machine()}; {args.size}, {args.steps} steps of 8 x {SEQ_LEN} tokens, seeds {args.seeds}")
+    print(table(rows))
 
 
 if __name__ == "__main__":

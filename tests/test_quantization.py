@@ -223,11 +223,24 @@ def test_export_card_gives_tasks_and_quantization_and_eval_results_files(tmp_pat
     assert files == ["hellaswag.yaml"]  # a user's own task names no Hub dataset to file it under
 
 
-def test_bad_results_file_fails_in_one_line(tmp_path, capsys):
-    (tmp_path / "results.json").write_text(json.dumps({"tasks": {"arc_easy": {"acc": 0.3, "bpb": 1.0, "items": 5}}}))
+@pytest.mark.parametrize(
+    "results, message",
+    [
+        ({"tasks": {"arc_easy": {"acc": 0.3, "bpb": 1.0, "items": 5}}}, "task 'arc_easy' has no acc_norm."),
+        ({"tasks": {}}, "no 'tasks' or 'held_out' results"),
+        ([1, 2], "not a scalevec-eval results file"),
+        (
+            {"tasks": {"t": {"acc": 1, "acc_norm": 1, "bpb": 1, "items": 1}}, "quantized": {"int8": {"tasks": {}}}},
+            "quantized 'int8' has no results for t.",
+        ),
+    ],
+)
+def test_bad_results_file_fails_in_one_line(tmp_path, capsys, results, message):
+    (tmp_path / "results.json").write_text(json.dumps(results))
     with pytest.raises(SystemExit):
         convert_main(["fold", "a", "b", "--eval-results", str(tmp_path / "results.json")])
-    assert f"{tmp_path / 'results.json'}: task 'arc_easy' has no acc_norm." in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert f"--eval-results: {tmp_path / 'results.json'}: " in error and message in error, error
 
 
 def test_pushed_folder_carries_eval_results_files_beside_the_model_index(hub, tmp_path):

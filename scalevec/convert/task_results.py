@@ -38,10 +38,16 @@ def read_task_results(path: str | Path) -> dict:
         raise ValueError(f"{path}: no 'tasks' or 'held_out' results; write it with `scalevec-eval --output`.")
     for scheme, quantized in {None: results, **(results.get("quantized") or {})}.items():
         for name, scores in (quantized.get("tasks") or {}).items():
+            scores = scores if isinstance(scores, dict) else {}
             missing = [key for key in (*TASK_SCORES, "items") if not isinstance(scores.get(key), int | float)]
             if missing:
                 where = f"quantized {scheme!r} task" if scheme else "task"
                 raise ValueError(f"{path}: {where} {name!r} has no {', '.join(missing)}.")
+    for scheme, quantized in (results.get("quantized") or {}).items():
+        if missing := [task for task in results.get("tasks", {}) if task not in (quantized.get("tasks") or {})]:
+            raise ValueError(f"{path}: quantized {scheme!r} has no results for {', '.join(missing)}.")
+        if "loss" in (results.get("held_out") or {}) and "loss" not in (quantized.get("held_out") or {}):
+            raise ValueError(f"{path}: quantized {scheme!r} has no held-out loss.")
     return results
 
 
