@@ -1,12 +1,14 @@
 """Weight-only quantization with torchao, and what it costs: the differences of a quantized model's held-out loss
 and task scores from the unquantized one's.
 
-Only the linear maps of the decoder layers are quantized; the embeddings and the output head stay as they are, as
-weight-only recipes (GPTQ, AWQ, torchao's own examples) leave them, so a tied head is never split from its embedding.
+Only the linear maps (`nn.Linear`) of the decoder layers are quantized; the embeddings and the output head stay as
+they are, as weight-only recipes (GPTQ, AWQ) leave them, so a tied head is never split from its embedding. The
+experts of a mixture of experts, stored as fused tensors rather than linear layers, stay as they are too.
 The schemes are the weight-only ones that run on a CPU with the torchao this project supports:
 
 - `int8`: int8 weights, one scale per output channel (`Int8WeightOnlyConfig`).
-- `int4`: int4 weights, one scale per group of 32 input columns (`IntxWeightOnlyConfig` with `torch.int4`).
+- `int4`: int4 weights, one scale per group of 32 input columns (16 or 8 where 32 does not divide a map's width,
+  as in the intermediate size 176 of the 2x64 preset) (`IntxWeightOnlyConfig` with `torch.int4`).
   torchao's `Int4WeightOnlyConfig` needs GPU kernels (the `mslk` package, or CUDA for its plain layout), so this
   is the CPU path torchao offers for the same 4-bit grouped weights: values kept unpacked in int8 storage and
   dequantized in the forward. It measures the same rounding error; it does not save the memory a packed layout does.
@@ -21,25 +23,33 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-INT4_GROUP_SIZE = 32  # llama.cpp's Q4_0 block; divides the width of every model ScaleVec builds
+INT4_GROUP_SIZE = 32  # llama.cpp's Q4_0 block
 
 
 @dataclass(frozen=True)
 class QuantizationScheme:
     description: str
-    config: Callable[[], object]  # the torchao config, built once torchao is imported
+    config: Callable[[int], object]  # the torchao config for linear maps of a given input width, once it is imported
 
 
-def _int8_config():
+def _int8_config(width: int):
     from torchao.quantization import Int8WeightOnlyConfig
 
     return Int8WeightOnlyConfig()  # per output channel
 
 
-def _int4_config():
+def int4_group_size(width: int) -> int:
+    """32 input columns a group, or 16 or 8 in a map whose input width 32 does not divide."""
+    group = math.gcd(width, INT4_GROUP_SIZE)
+    if group < 8:
+        raise ValueError(f"int4 quantizes groups of {INT4_GROUP_SIZE} (at least 8) input columns; {width} has none.")
+    return group
+
+
+def _int4_config(width: int):
     from torchao.quantization import IntxWeightOnlyConfig, PerGroup
 
-    return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(INT4_GROUP_SIZE))
+    return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(int4_group_size(width)))
 
 
 QUANTIZATION_SCHEMES: dict[str, QuantizationScheme] = {
@@ -64,15 +74,20 @@ def quantize_weights(model: nn.Module, scheme: str) -> nn.Module:
     `QUANTIZATION_SCHEMES`) and return `model`. Works on any module tree: a ScaleVec model (folded, or in its
     training form, where the scale vectors stay around the quantized maps), its Llama or Qwen3 export."""
     chosen = _scheme(scheme)
-    if scheme == "int4":
-        _check_groups(model)
     try:
         from torchao.quantization import quantize_
     except ImportError as error:
         raise ImportError(
             f"Quantizing weights needs torchao, which could not be imported ({error}): {TORCHAO_INSTALL}."
         ) from None
-    quantize_(model, chosen.config(), filter_fn=_is_decoder_linear)
+    widths = {module.in_features for name, module in model.named_modules() if _is_decoder_linear(module, name)}
+    for width in sorted(widths):  # one config per input width: int4's groups must divide it
+        config = chosen.config(width)
+
+        def of_width(module: nn.Module, name: str, width: int = width) -> bool:
+            return _is_decoder_linear(module, name) and module.in_features == width
+
+        quantize_(model, config, filter_fn=of_width)
     return model
 
 
@@ -80,14 +95,6 @@ def _scheme(name: str) -> QuantizationScheme:
     if name not in QUANTIZATION_SCHEMES:
         raise ValueError(f"Unknown quantization scheme {name!r}; choose from {', '.join(QUANTIZATION_SCHEMES)}.")
     return QUANTIZATION_SCHEMES[name]
-
-
-def _check_groups(model: nn.Module) -> None:
-    for name, module in model.named_modules():
-        if _is_decoder_linear(module, name) and module.in_features % INT4_GROUP_SIZE:
-            raise ValueError(
-                f"int4 quantizes groups of {INT4_GROUP_SIZE} input columns, and {name} has {module.in_features}."
-            )
 
 
 def _is_decoder_linear(module: nn.Module, name: str) -> bool:

@@ -93,12 +93,24 @@ def test_every_form_quantizes_its_decoder_maps_and_folded_equals_llama(trained, 
 def test_unknown_scheme_missing_torchao_and_ragged_groups_are_refused(monkeypatch):
     with pytest.raises(ValueError, match=r"Unknown quantization scheme 'fp4'; choose from int8, int4\."):
         parse_schemes("int8,fp4")
-    model = ScaleVecForCausalLM(tiny_config())  # intermediate size 48: not whole groups of 32
-    with pytest.raises(ValueError, match=r"int4 quantizes groups of 32 input columns, and .*down_proj has 48"):
-        quantize_weights(model, "int4")
+    ragged = ScaleVecForCausalLM(tiny_config(intermediate_size=52))  # down_proj: 52 columns, no group of 8 or more
+    with pytest.raises(ValueError, match=r"int4 quantizes groups of 32 \(at least 8\) input columns; 52 has none"):
+        quantize_weights(ragged, "int4")
+    model = ScaleVecForCausalLM(tiny_config())
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # as if torchao were not installed
     with pytest.raises(ImportError, match=r"needs torchao.*pip install 'scalevec\[quantize\]'"):
         quantize_weights(model, "int8")
+
+
+def test_int4_groups_are_32_columns_or_the_largest_power_of_two_that_divides_the_width():
+    model = ScaleVecForCausalLM(tiny_config(intermediate_size=48))  # down_proj: 48 columns, groups of 16
+    weight = model.model.layers[0].mlp.down_proj.weight.detach().clone()
+    quantize_weights(model, "int4")
+    quantized = model.model.layers[0].mlp.down_proj.weight
+    assert quantized.block_size[-1] == 16 and model.model.layers[0].mlp.up_proj.weight.block_size[-1] == 32
+    # each group of 16 has its own scale: 16 int4 levels between its extremes, so the error is within half a step
+    step = (weight.view(-1, 3, 16).abs().amax(-1, keepdim=True) / 7.5).expand(-1, -1, 16).reshape(weight.shape)
+    assert ((quantized.dequantize() - weight).abs() <= 0.5 * step + 1e-6).all()
 
 
 def test_quantization_deltas_are_differences_of_shared_figures():
