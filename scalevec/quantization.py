@@ -13,7 +13,7 @@ The schemes are the weight-only ones that run on a CPU with the torchao this pro
   is the CPU path torchao offers for the same 4-bit grouped weights: values kept unpacked in int8 storage and
   dequantized in the forward. It measures the same rounding error; it does not save the memory a packed layout does.
 
-torchao is imported only here, when a model is quantized, so nothing else of ScaleVec needs it.
+ScaleVec imports torchao only here, when a model is quantized (transformers imports it on its own when installed).
 """
 
 import math
@@ -55,7 +55,9 @@ def _int4_config(width: int):
 QUANTIZATION_SCHEMES: dict[str, QuantizationScheme] = {
     "int8": QuantizationScheme("int8 weights, per output channel (torchao Int8WeightOnlyConfig)", _int8_config),
     "int4": QuantizationScheme(
-        f"int4 weights, groups of {INT4_GROUP_SIZE} (torchao IntxWeightOnlyConfig, CPU layout)", _int4_config
+        f"int4 weights, groups of {INT4_GROUP_SIZE} columns (16 or 8 where it does not divide the width) "
+        "(torchao IntxWeightOnlyConfig, CPU layout)",
+        _int4_config,
     ),
 }
 TORCHAO_INSTALL = "pip install 'scalevec[quantize]' (torchao >= 0.17)"
@@ -76,7 +78,7 @@ def quantize_weights(model: nn.Module, scheme: str) -> nn.Module:
     chosen = _scheme(scheme)
     try:
         from torchao.quantization import quantize_
-    except ImportError as error:
+    except Exception as error:  # not installed, or built for another torch (which fails in many ways)
         raise ImportError(
             f"Quantizing weights needs torchao, which could not be imported ({error}): {TORCHAO_INSTALL}."
         ) from None
