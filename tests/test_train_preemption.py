@@ -19,7 +19,7 @@ from scalevec import atomic, quickstart
 from scalevec.atomic import remove_folder, rename_noreplace
 from scalevec.convert import OutputOptions, export_checkpoint
 from scalevec.convert.card import card_writer
-from scalevec.run_records import duration_text
+from scalevec.run_records import RUN_CLOCK, duration_text
 from scalevec.train.cli import main
 from scalevec.train.resume import inspect_checkpoint
 
@@ -197,7 +197,7 @@ def test_a_run_killed_during_a_save_resumes_as_if_never_stopped(straight, tmp_pa
 def recorded_clock(folder: Path) -> dict:
     """The run's clock as `folder/trainer_state.json` (a checkpoint's or a finished run's) recorded it."""
     state = json.loads((folder / "trainer_state.json").read_text())
-    return state["stateful_callbacks"]["ThroughputCallback"]["attributes"]["recorded_clock"]
+    return state["stateful_callbacks"][RUN_CLOCK]["attributes"]["recorded_clock"]
 
 
 def test_a_run_resumed_twice_reports_the_whole_run(tmp_path, capsys):

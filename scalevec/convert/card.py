@@ -17,6 +17,7 @@ from ..atomic import write_text_atomically
 from ..configuration_scalevec import MINIMUM_TRANSFORMERS, SCALE_FIELDS, SCALE_PRESETS, ScaleVecConfig
 from ..run_records import (
     RUN_PICTURE,
+    EvaluationRecord,
     RunRecords,
     duration_text,
     logged_entries,
@@ -262,12 +263,19 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
             speed = f"{run.tokens_per_second:,.0f} tokens/s over {duration_text(clock.training_seconds)} of training"
             rows.append(("throughput", speed + _mfu(where)))
     for key, value in records.eval_metrics.items():
-        rows.append((key.replace("_", " "), f"{value:.4f}"))
+        rows.append((key.replace("_", " "), _eval_value(key, value)))
     for key, label in TRAINING_ARGUMENTS.items():
         value = (records.training_args or {}).get(key)
         if value not in (None, "", {}):
             rows.append((label, _warmup(value, state.get("max_steps")) if key == "warmup_steps" else f"`{value}`"))
     return rows
+
+
+def _eval_value(key: str, value: float) -> str:
+    """A recorded eval metric: a count of tokens as a whole number, saying which tokens; a figure to 4 decimals."""
+    if key.endswith("_tokens"):
+        return f"{round(value):,} predicted (every token of the blocks read but each block's first)"
+    return f"{value:.4f}"
 
 
 def _mfu(summary: dict) -> str:
@@ -280,11 +288,10 @@ def _data_note(data: dict | None) -> str | None:
     how = "streamed from its shards" if data.get("streaming") else "tokenised and packed once"
     masking = ", attention kept within each document" if data.get("document_masking") else ""
     note = f"Documents {how} into blocks of {data['seq_len']} tokens, tokenizer {data['tokenizer']}{masking}."
-    held_out = data.get("eval")
-    if held_out:
-        note += f" Evaluation: {held_out['name']}, {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks)"
-        if "evaluated_tokens" in held_out and held_out["evaluated_blocks"] < held_out["blocks"]:
-            note += f", of which each evaluation read a fixed subset of {held_out['evaluated_tokens']:,} tokens"
+    if held_out := EvaluationRecord.read(data):
+        note += f" Evaluation: {held_out.name}, {held_out.tokens:,} tokens ({held_out.blocks:,} blocks)"
+        if 0 < held_out.evaluated_blocks < held_out.blocks:
+            note += f", of which each evaluation read a fixed subset of {held_out.evaluated_tokens:,} tokens"
         note += "."
     return note
 

@@ -15,6 +15,7 @@ import datasets
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from ..run_records import EvaluationRecord, HeldOutSetRecord
 from .checks import prepared_tokenizer, verify
 from .corpus import cache_dir, default_corpus_file, default_tokenizer
 from .held_out import DEFAULT_EVAL_TOKENS, HeldOutSet, evaluation_sets, parse_token_budget, set_names
@@ -35,7 +36,7 @@ from .streaming import streamed_blocks
 
 DEFAULT_SEQ_LEN = 256
 DEFAULT_EVAL_EVERY = 20
-EMBEDDED = "the embedded corpus"
+EMBEDDED = "the embedded default corpus"  # the data without --dataset: CPython's documentation and docstrings
 EMBEDDED_TOKENIZER = "the embedded byte-level BPE"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
@@ -46,7 +47,8 @@ class DataArguments:
         default=None,
         metadata={
             "help": "Comma-separated training data: prepared folders (scalevec-data prepare), text/jsonl/json/"
-            "parquet files or folders (prepared into a cache once), or Hub dataset ids. Default: the embedded corpus."
+            "parquet files or folders (prepared into a cache once), or Hub dataset ids. Default: the embedded "
+            "default corpus (CPython's documentation and docstrings)."
         },
     )
     dataset_weights: str | None = field(
@@ -325,28 +327,27 @@ class _Builder:
         infos = [held_out.blocks.metadata.splits[split] for held_out in sets]
         blocks, tokens = sum(info.blocks for info in infos), sum(info.tokens + info.dropped_tokens for info in infos)
         name = self.args.eval_dataset or "documents held out of the training data"
-        record = {"name": name, "blocks": blocks, "tokens": tokens}
+        record = EvaluationRecord(name, blocks, tokens)
         if blocks == 0:
             self.warnings.append(
                 f"no evaluation: the held-out data ({tokens} tokens) holds no complete block of --seq-len "
                 f"{self.seq_len} tokens (hold out more with --eval-every / --max-eval-documents)"
             )
-            return None, record
+            return None, record.to_record()
         chosen = evaluation_sets(sets, self.seq_len, self.args.eval_token_budget())
-        record["evaluated_blocks"] = sum(len(subset) for subset in chosen.values())
-        record["evaluated_tokens"] = record["evaluated_blocks"] * self.seq_len
-        # Enough to find the evaluated blocks again: `evaluation_blocks(blocks, evaluated_blocks)` of each split.
-        record["sets"] = [
-            {
-                "name": held_out.name,
-                "folder": str(held_out.blocks.folder),
-                "split": split,
-                "blocks": len(held_out.blocks),
-                "evaluated_blocks": len(chosen.get(held_out.name, ())),
-            }
+        record.evaluated_blocks = sum(len(subset) for subset in chosen.values())
+        record.evaluated_tokens = record.evaluated_blocks * self.seq_len
+        record.sets = [
+            HeldOutSetRecord(
+                held_out.name,
+                str(held_out.blocks.folder),
+                split,
+                len(held_out.blocks),
+                len(chosen.get(held_out.name, ())),
+            )
             for held_out in sets
         ]
-        return (chosen if len(sets) > 1 else next(iter(chosen.values()))), record
+        return (chosen if len(sets) > 1 else next(iter(chosen.values()))), record.to_record()
 
     def _prepared_folder(self, entry: str, options: PrepareOptions) -> Path:
         if is_prepared(entry):

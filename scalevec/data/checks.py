@@ -20,6 +20,7 @@ from .prepared import (
     TOKENIZER_FOLDER,
     PreparedMetadata,
     size_problem,
+    split_file,
     tokenizer_fingerprint,
 )
 from .sources import DataError, first_line
@@ -37,7 +38,7 @@ def problems(folder: Path, scan_ids: bool = True, tokenizer: bool = True) -> lis
     found = []
     itemsize = np.dtype(metadata.dtype).itemsize
     for name, info in metadata.splits.items():
-        path = folder / f"{name}.bin"
+        path = split_file(folder, name)
         problem = size_problem(path, info.tokens * itemsize, f"{info.blocks:,} blocks")
         if problem is None and scan_ids:
             problem = id_problem(path, metadata)
@@ -100,7 +101,7 @@ def verify(folder: Path) -> None:
     if not found:
         metadata = PreparedMetadata.read(folder)
         for split in metadata.splits:
-            path = folder / f"{split}.bin"
+            path = split_file(folder, split)
             stamp = _scanned_stamp(path)
             if not stamp.exists():
                 found += filter(None, [id_problem(path, metadata)])

@@ -119,13 +119,18 @@ class PreparedMetadata:
         return None
 
 
+def split_file(folder: str | Path, split: str) -> Path:
+    """The file of a prepared folder that holds the blocks of `split` ("train" or "eval")."""
+    return Path(folder) / f"{split}.bin"
+
+
 def is_prepared(path: str | Path) -> bool:
     return (Path(path) / METADATA).is_file()
 
 
 def looks_prepared(path: str | Path) -> bool:
     """A folder holding what a preparation writes, with or without its description."""
-    return (Path(path) / "train.bin").is_file() or (Path(path) / HELD_OUT_DIGESTS).is_file()
+    return split_file(path, "train").is_file() or (Path(path) / HELD_OUT_DIGESTS).is_file()
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -166,7 +171,7 @@ class PreparedBlocks(torch.utils.data.Dataset):
         if split not in self.metadata.splits:
             raise DataError(f"{self.folder}: holds no {split!r} split")
         self.split = split
-        self.path = self.folder / f"{split}.bin"
+        self.path = split_file(self.folder, split)
         self.dtype = np.dtype(self.metadata.dtype)
         self.seq_len = self.metadata.seq_len
         self.block_bytes = self.seq_len * self.dtype.itemsize

@@ -27,6 +27,7 @@ from ..configuration_scalevec import SCALE_FIELDS
 from ..data import DataArguments
 from .cli import ModelArguments, _check_output_dir, _config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
+from .report import tokens_per_step
 from .study.grid import Grid, GridPoint, build_sizes
 from .study.records import RunRecord, finished_records, is_finished, read_record
 from .study.report import write_report
@@ -141,16 +142,9 @@ def build_grid(
         raise ValueError(f"--tokens-per-parameter must be > 0; got {per_parameter}")
     if per_parameter is not None and training_args.max_steps > 0:
         raise ValueError("--tokens-per-parameter sets each size's --max-steps: give one of the two")
-    tokens_per_step = (
-        training_args.per_device_train_batch_size
-        * training_args.gradient_accumulation_steps
-        * training_args.world_size
-        * data_args.resolved_seq_len()
-    )
+    per_step = tokens_per_step(training_args, data_args.resolved_seq_len())
     names = ablation.size_names(model_args.model_size)
-    sizes = build_sizes(
-        names, model_args.model_size, overrides, tokens_per_step, per_parameter, training_args.max_steps
-    )
+    sizes = build_sizes(names, model_args.model_size, overrides, per_step, per_parameter, training_args.max_steps)
     rates = ablation.learning_rate_list(training_args.learning_rate)
     return Grid(sizes, ablation.variant_names(), rates, ablation.seed_list(training_args.seed))
 

@@ -191,7 +191,7 @@ def _train(
     metrics = _run(trainer, checkpoint)
     if data.eval is not None:
         metrics.update(_final_evaluation(trainer))
-    figures = summary(trainer, metrics)
+    figures = summary(trainer, metrics, data.seq_len)
     _save_result(trainer, metrics, data.record, figures)
     if training_args.should_log:
         written = sorted(path.name for path in output_dir.iterdir() if not path.name.startswith("."))

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from ..data import TrainingData
-from ..run_records import duration_text, logged_entries, loss_coverage, segments_text, whole_run
-from .throughput import device_peak_flops
+from ..run_records import EvaluationRecord, duration_text, logged_entries, loss_coverage, segments_text, whole_run
+from .throughput import model_flops_per_token, throughput_figures, training_peak_flops
 
 
 def hardware(args) -> str:
@@ -36,13 +36,8 @@ def _precision(args) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "tf32" if args.tf32 else "fp32"
 
 
-def peak_flops(args) -> float | None:
-    """The peak FLOP/s of one device that MFU is taken against: `--peak-flops`, else a known GPU's."""
-    dtype = torch.bfloat16 if args.bf16 or args.fp16 else torch.float32
-    return args.peak_flops or device_peak_flops(args.device, dtype, tf32=bool(args.tf32))
-
-
 def tokens_per_step(args, seq_len: int) -> int:
+    """Tokens per optimizer step: blocks per device x `seq_len` x processes x accumulation steps."""
     return args.per_device_train_batch_size * seq_len * args.world_size * args.gradient_accumulation_steps
 
 
@@ -83,6 +78,7 @@ def plan(model: torch.nn.Module, args, data: TrainingData) -> str:
     total, without_embeddings, scales = parameter_counts(model)
     config = getattr(model, "get_base_model", lambda: model)().config
     per_step, steps = tokens_per_step(args, data.seq_len), planned_steps(args, data)
+    tokens = steps * per_step
     kind = f"MoE, {config.num_experts} experts, top-{config.num_experts_per_tok}" if config.num_experts else "dense"
     strategy = f"{config.scale_preset} ({config.norm_scale} / {config.linear_scale} / {config.scale_param})"
     lines = [
@@ -91,14 +87,15 @@ def plan(model: torch.nn.Module, args, data: TrainingData) -> str:
         f"batch        {_count(args.per_device_train_batch_size, 'block')} × {data.seq_len} tokens × "
         f"{_count(args.world_size, 'process')} × {_count(args.gradient_accumulation_steps, 'accumulation step')} = "
         f"{per_step:,} tokens per optimizer step",
-        f"length       {steps:,} steps = {steps * per_step:,} tokens = {steps * per_step / total:.2f} tokens per "
-        "parameter (Chinchilla's compute-optimal ratio is about 20)",
+        f"length       {steps:,} steps = {tokens:,} tokens = {tokens / total:.2f} tokens per parameter "
+        f"({tokens / without_embeddings:.2f} per non-embedding parameter; Chinchilla's compute-optimal ratio, about "
+        "20, counts all parameters)",
     ]
     lines += [f"data         {_data_line(source)}" for source in data.record["sources"]]
-    lines.append(f"held out     {_evaluation_line(args, data, steps * per_step)}")
+    lines.append(f"held out     {_evaluation_line(args, data, tokens)}")
     saving = "none (--save-strategy no)" if args.save_strategy == "no" else _checkpoint_cadence(args)
     lines.append(f"checkpoints  {saving}")
-    peak = peak_flops(args)
+    peak = training_peak_flops(args)
     mfu = (
         f"MFU against {peak / 1e12:g} TFLOP/s per device" if peak else "no MFU (no known peak: --peak-flops sets one)"
     )
@@ -117,21 +114,21 @@ def evaluations_planned(args, steps: int) -> int:
 
 
 def _evaluation_line(args, data: TrainingData, train_tokens: int) -> str:
-    held_out = data.record.get("eval")
-    if not held_out or data.eval is None:
+    held_out = EvaluationRecord.read(data.record)
+    if held_out is None or data.eval is None:
         return "nothing: no evaluation"
-    evaluated, count = held_out["evaluated_tokens"], evaluations_planned(args, planned_steps(args, data))
-    subset = "all of it" if evaluated == held_out["blocks"] * data.seq_len else "a fixed subset"
-    sets = held_out["sets"]
-    counts = ", ".join(f"{held['name']} {held['evaluated_blocks']:,}" for held in sets)
-    per_set = f" ({counts})" if len(sets) > 1 else ""
+    evaluated, count = held_out.evaluated_tokens, evaluations_planned(args, planned_steps(args, data))
+    subset = "all of it" if evaluated == held_out.blocks * data.seq_len else "a fixed subset"
+    counts = ", ".join(f"{held.name} {held.evaluated_blocks:,}" for held in held_out.sets)
+    per_set = f" ({counts})" if len(held_out.sets) > 1 else ""
     when = f"{_count(count, 'time')}: every {args.eval_steps:g} steps and at the end" if count > 1 else "at the end"
     # A forward pass costs about a third of a training step's forward and backward.
     share = 100 * count * evaluated / (3 * train_tokens)
     return (
-        f"{held_out['name']}: {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks); each evaluation reads "
-        f"{evaluated:,} tokens ({held_out['evaluated_blocks']:,} blocks{per_set}, {subset}; --max-eval-tokens), "
-        f"{when}, about {share:.2g} % of the training compute"
+        f"{held_out.name}: {held_out.tokens:,} tokens ({held_out.blocks:,} blocks); each evaluation reads "
+        f"{evaluated:,} tokens ({held_out.evaluated_blocks:,} blocks{per_set}, {subset}; --max-eval-tokens) and "
+        f"predicts {evaluated - held_out.evaluated_blocks:,} of them (all but each block's first), {when}, about "
+        f"{share:.2g} % of the training compute"
     )
 
 
@@ -141,9 +138,10 @@ def _checkpoint_cadence(args) -> str:
     return f"{every}{kept}, into {args.output_dir}/checkpoint-N; rerun with --resume after a stop"
 
 
-def summary(trainer, metrics: dict) -> dict:
+def summary(trainer, metrics: dict, seq_len: int) -> dict:
     """The end-of-run figures, of the whole run however often it was resumed: steps, tokens, the last logged and
-    the mean training loss, wall time, throughput and MFU over the training time, and the evaluation."""
+    the mean training loss, wall time, throughput and MFU (of `seq_len`-token blocks) over the training time, and
+    the evaluation."""
     args, state = trainer.args, trainer.state
     run = whole_run(vars(state))
     losses = logged_entries(state.log_history, "loss")
@@ -165,8 +163,9 @@ def summary(trainer, metrics: dict) -> dict:
         "output_dir": str(args.output_dir),
     }
     if run.tokens_per_second is not None:
-        trainer.throughput.setup(args, trainer.model)
-        throughput = trainer.throughput.figures(args, clock.training_seconds, run.tokens)
+        model = getattr(trainer.model, "module", trainer.model)
+        flops = model_flops_per_token(model.config, seq_len)
+        throughput = throughput_figures(args, clock.training_seconds, run.tokens, flops, training_peak_flops(args))
         if "mfu_percent" in throughput:
             figures["mfu_percent"] = throughput["mfu_percent"]
     return figures
@@ -185,7 +184,7 @@ def _evaluation_lines(evaluation: dict) -> list[str]:
         if f"{prefix}_bits_per_byte" in evaluation:
             parts.append(f"{evaluation[f'{prefix}_bits_per_byte']:.3f} bits per byte")
         if f"{prefix}_tokens" in evaluation:
-            parts.append(f"{evaluation[f'{prefix}_tokens']:,} tokens")
+            parts.append(f"{evaluation[f'{prefix}_tokens']:,} tokens predicted")
         lines.append(f"{label} {', '.join(parts)}")
     if "eval_runtime" in evaluation:
         lines[0] += f" in {duration_text(evaluation['eval_runtime'])}"
