@@ -22,6 +22,8 @@ from .held_out import DEFAULT_EVAL_TOKENS, HeldOutSet, evaluation_sets, parse_to
 from .mixture import WeightedMixture
 from .preparation import prepare
 from .prepared import (
+    DEFAULT_EVAL_EVERY,
+    DEFAULT_MAX_EVAL_DOCUMENTS,
     METADATA,
     PreparedBlocks,
     PreparedMetadata,
@@ -35,7 +37,6 @@ from .sources import DataError, Source, find_source, is_missing_path
 from .streaming import streamed_blocks
 
 DEFAULT_SEQ_LEN = 256
-DEFAULT_EVAL_EVERY = 20
 EMBEDDED = "the embedded default corpus"  # the data without --dataset: CPython's documentation and docstrings
 EMBEDDED_TOKENIZER = "the embedded byte-level BPE"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -62,11 +63,11 @@ class DataArguments:
     )
     tokenizer: str | None = field(
         default=None,
-        metadata={"help": "Tokenizer folder or Hub id. Default: a prepared --dataset's own, else the embedded BPE."},
+        metadata={"help": "Tokenizer folder or Hub id. Default: a prepared folder's own, else the embedded BPE."},
     )
     seq_len: int | None = field(
         default=None,
-        metadata={"help": f"Tokens per training block. Default: a prepared --dataset's, else {DEFAULT_SEQ_LEN}."},
+        metadata={"help": f"Tokens per training block. Default: a prepared folder's, else {DEFAULT_SEQ_LEN}."},
     )
     streaming: bool = field(
         default=False, metadata={"help": "Stream raw --dataset sources instead of preparing them (too large)."}
@@ -79,7 +80,10 @@ class DataArguments:
         },
     )
     max_documents: int | None = field(default=None, metadata={"help": "Use only the first n documents."})
-    max_eval_documents: int = field(default=2000, metadata={"help": "At most this many held-out documents."})
+    max_eval_documents: int = field(
+        default=DEFAULT_MAX_EVAL_DOCUMENTS,
+        metadata={"help": f"At most this many held-out documents (default {DEFAULT_MAX_EVAL_DOCUMENTS:,})."},
+    )
     max_eval_tokens: str = field(
         default=str(DEFAULT_EVAL_TOKENS),
         metadata={

@@ -36,6 +36,8 @@ TAIL = "train_tail.bin"
 FORMAT = "scalevec-prepared-blocks"
 FORMAT_VERSION = 1
 DTYPES = ("uint16", "uint32")
+DEFAULT_EVAL_EVERY = 20  # every n-th document held out
+DEFAULT_MAX_EVAL_DOCUMENTS = 2000
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ class PrepareOptions:
     """What decides the content of a prepared folder (besides the sources and the tokenizer)."""
 
     seq_len: int
-    eval_every: int = 20
-    max_eval_documents: int = 2000
+    eval_every: int = DEFAULT_EVAL_EVERY
+    max_eval_documents: int = DEFAULT_MAX_EVAL_DOCUMENTS
     max_documents: int | None = None
 
 
