@@ -3,6 +3,34 @@ import torch
 
 from .hub_server import HubServer
 
+# Files whose tests start processes (torchrun, the CLIs or a fresh interpreter in a subprocess, preparation shards) or
+# train whole grids end to end: marked `slow`, so that `pytest -m "not slow"` is a quick loop; plain `pytest` runs all.
+SLOW_FILES = {
+    "test_ablate.py",
+    "test_convert_faults.py",
+    "test_convert_layout.py",
+    "test_convert_safety.py",
+    "test_data_preparation.py",
+    "test_data_training.py",
+    "test_distributed.py",
+    "test_ecosystem.py",
+    "test_evaluation.py",
+    "test_gpu_check.py",
+    "test_hub_push.py",
+    "test_hub_server.py",
+    "test_main_job.py",
+    "test_old_transformers.py",
+    "test_study.py",
+    "test_train_cli.py",
+    "test_train_preemption.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def hub():
