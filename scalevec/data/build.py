@@ -33,7 +33,7 @@ from .prepared import (
     looks_prepared,
     tokenizer_fingerprint,
 )
-from .sources import DataError, Source, find_source, is_missing_path
+from .sources import DataError, Source, find_source, is_missing_path, names_a_local_path
 from .streaming import streamed_blocks
 
 DEFAULT_SEQ_LEN = 256
@@ -211,7 +211,7 @@ def _named_tokenizer(name: str) -> PreTrainedTokenizerBase:
     path = Path(name).expanduser()
     if path.is_dir() and not any((path / file).is_file() for file in _TOKENIZER_FILES):
         raise DataError(f"--tokenizer {name}: not a tokenizer folder (none of {', '.join(_TOKENIZER_FILES)})")
-    if not path.exists() and (name.startswith((".", "/", "~")) or path.is_file()):
+    if not path.exists() and names_a_local_path(name):
         raise DataError(f"--tokenizer {name}: no such folder")
     if path.is_file():
         raise DataError(f"--tokenizer {name}: a file; give the folder that holds the tokenizer")
