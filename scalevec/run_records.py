@@ -59,6 +59,13 @@ class WholeRun:
         return self.tokens / self.clock.training_seconds
 
 
+def part_note(shard: list[int]) -> str:
+    """How a run's record of its data (a source's "shard": [index, count]) names a source that is one part of a
+    preparation split with `scalevec-data prepare --shard`."""
+    index, count = shard
+    return f"part {index}/{count} of a preparation split with --shard (`scalevec-data combine` joins the parts)"
+
+
 def loss_coverage(covered: int, steps: int) -> str:
     """Which steps a mean of the logged losses covers: `all 200 steps`, `196 of the 200 steps (those logged)`."""
     return f"all {steps:,} steps" if covered >= steps else f"{covered:,} of the {steps:,} steps (those logged)"

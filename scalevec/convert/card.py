@@ -22,6 +22,7 @@ from ..run_records import (
     duration_text,
     logged_entries,
     loss_coverage,
+    part_note,
     read_json,
     read_run_records,
     segments_text,
@@ -309,7 +310,8 @@ def _data_rows(data: dict | None, tokens_seen: int | None) -> list[tuple[str, st
             share = f"{100 * source['share']:.1f} %"
             if tokens_seen and source["tokens"]:
                 share += f" ({source['share'] * tokens_seen / source['tokens']:.3g} passes over it)"
-        rows.append((f"`{source['name']}`", *size, share))
+        part = f" ({part_note(source['shard'])})" if "shard" in source else ""
+        rows.append((f"`{source['name']}`{part}", *size, share))
     return rows
 
 

@@ -39,6 +39,9 @@ from .streaming import streamed_blocks
 DEFAULT_SEQ_LEN = 256
 EMBEDDED = "the embedded default corpus"  # the data without --dataset: CPython's documentation and docstrings
 EMBEDDED_TOKENIZER = "the embedded byte-level BPE"
+COMBINE_COMMAND = (
+    "scalevec-data combine PART... --output FOLDER"  # joins the parts of a preparation split with --shard
+)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
@@ -400,7 +403,7 @@ class _Builder:
 
     def _describe(self, entry: str, folder: Path, blocks: PreparedBlocks) -> dict:
         info = blocks.metadata.splits["train"]
-        return {
+        described = {
             "name": self._label(entry),
             "kind": "prepared",
             "folder": str(folder),
@@ -408,6 +411,14 @@ class _Builder:
             "tokens": info.tokens,
             "blocks": info.blocks,
         }
+        if blocks.metadata.shard:  # one part of a preparation split across machines: rarely what was meant
+            index, count = blocks.metadata.shard
+            described["shard"] = [index, count]
+            self.warnings.append(
+                f"--dataset {entry} is part {index}/{count} of a preparation split with --shard: this run trains "
+                f"on that part alone; join the parts first with `{COMBINE_COMMAND}`"
+            )
+        return described
 
     def _tokenizer_label(self) -> str:
         """The tokenizer's name for people: as given, or as recorded by the prepared folder it came from, the

@@ -9,7 +9,15 @@ from pathlib import Path
 import torch
 
 from ..data import TrainingData
-from ..run_records import EvaluationRecord, duration_text, logged_entries, loss_coverage, segments_text, whole_run
+from ..run_records import (
+    EvaluationRecord,
+    duration_text,
+    logged_entries,
+    loss_coverage,
+    part_note,
+    segments_text,
+    whole_run,
+)
 from .throughput import model_flops_per_token, throughput_figures, training_peak_flops
 
 
@@ -70,6 +78,8 @@ def _data_line(source: dict) -> str:
     line += f" ({source['blocks']:,} blocks)"
     if "share" in source and source["share"] < 1:
         line += f", {100 * source['share']:.1f} % of the blocks"
+    if "shard" in source:
+        line += f"; only {part_note(source['shard'])}"
     return line
 
 
