@@ -23,6 +23,7 @@ from .prepared import (
     split_file,
     tokenizer_fingerprint,
 )
+from .resumable import unfinished_preparation
 from .sources import DataError, first_line
 
 _SCAN_TOKENS = 1 << 24  # token ids read at a time
@@ -31,6 +32,8 @@ _SCAN_TOKENS = 1 << 24  # token ids read at a time
 def problems(folder: Path, scan_ids: bool = True, tokenizer: bool = True) -> list[str]:
     """One line per problem of the prepared `folder` (none: it is usable). Without `scan_ids` the token ids are
     not read; without `tokenizer` the tokenizer is not loaded."""
+    if not folder.is_dir():
+        return [unfinished_preparation(folder) or f"{folder}: no such folder"]
     try:
         metadata = PreparedMetadata.read(folder)
     except DataError as error:
