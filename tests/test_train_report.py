@@ -15,6 +15,7 @@ from scalevec.convert.card import card_writer
 from scalevec.run_records import TRAINING_DATA, EvaluationRecord
 from scalevec.train.cli import main
 from scalevec.train.diagnostics import READING, run_figure, scale_statistics
+from scalevec.train.report import pace
 from scalevec.train.throughput import model_flops_per_token
 
 from ._helpers import log_history, randomize_scales, tiny_config, train_argv
@@ -68,6 +69,19 @@ def test_the_plan_states_model_tokens_data_and_device(run):
     )
     assert "checkpoints  none (--save-strategy no)" in plan
     assert f"MFU against {PEAK / 1e12:g} TFLOP/s per device" in plan and "device       1 × CPU (" in plan
+
+
+def test_the_run_estimates_its_time_from_its_first_logged_steps(run):
+    _, printed = run
+    line = re.search(
+        r"\npace +steps 3 to 4 took ([\d.]+) s: the 2 steps left take about ([\d.]+) s more at that pace", printed
+    )
+    assert line and float(line.group(2)) == pytest.approx(float(line.group(1)), abs=0.11)  # 2 steps timed, 2 left
+    assert printed.index("== scalevec-train: the plan ==") < line.start() < printed.index("== scalevec-train: done")
+    assert pace(90.0, 10, 40, 1000) == (
+        "pace         steps 11 to 40 took 1.5 min: the 960 steps left take about 48.0 min more at that pace "
+        "(evaluations and saves come on top)"
+    )
 
 
 def test_the_end_of_run_block_holds_what_all_results_holds(run):

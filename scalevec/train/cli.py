@@ -35,7 +35,7 @@ from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, logged_entries
 from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES, SIZE_RULE, size_fields
-from .report import describe_summary, plan, summary
+from .report import PaceCallback, describe_summary, plan, summary
 from .resume import (
     CheckpointContent,
     check_explicit_checkpoint,
@@ -188,6 +188,7 @@ def _train(
     )
     if training_args.should_log:
         print(plan(trainer.model, training_args, data), flush=True)
+        trainer.add_callback(PaceCallback())
     metrics = _run(trainer, checkpoint)
     if data.eval is not None:
         metrics.update(_final_evaluation(trainer))

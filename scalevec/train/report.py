@@ -4,9 +4,11 @@ logged) and, at its end, what happened (losses, evaluation, throughput, where ev
 
 import math
 import platform
+import time
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 
 from ..data import TrainingData
 from ..run_records import (
@@ -146,6 +148,36 @@ def _checkpoint_cadence(args) -> str:
     every = f"every {args.save_steps:g} steps" if args.save_strategy == "steps" else f"every {args.save_strategy}"
     kept = f" (the newest {args.save_total_limit} kept)" if args.save_total_limit else ""
     return f"{every}{kept}, into {args.output_dir}/checkpoint-N; rerun with --resume after a stop"
+
+
+class PaceCallback(TrainerCallback):
+    """Prints, at the second training log, how long the rest of the run takes at the pace of the steps between the
+    first two logs (the first log's steps, slower while the run warms up, left out): the plan's estimate of the
+    run's time, measured on its own hardware rather than assumed."""
+
+    def __init__(self):
+        self._first: tuple[float, int] | None = None  # (clock, step) at the first training log
+        self._done = False
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._done or logs is None or "loss" not in logs:
+            return
+        now = time.perf_counter()
+        if self._first is None:
+            self._first = (now, state.global_step)
+            return
+        self._done = True
+        print(pace(now - self._first[0], self._first[1], state.global_step, state.max_steps), flush=True)
+
+
+def pace(seconds: float, since: int, step: int, steps: int) -> str:
+    """The line that estimates the rest of a run of `steps` steps from the `seconds` that steps `since` to `step`
+    took."""
+    per_step, left = seconds / max(step - since, 1), max(steps - step, 0)
+    return (
+        f"pace         steps {since + 1:,} to {step:,} took {duration_text(seconds)}: the {left:,} steps left take "
+        f"about {duration_text(left * per_step)} more at that pace (evaluations and saves come on top)"
+    )
 
 
 def summary(trainer, metrics: dict, seq_len: int) -> dict:
