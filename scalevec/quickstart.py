@@ -29,7 +29,8 @@ from .run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, EvaluationReco
 from .train.cli import parse_arguments, train
 from .train.trainer import NonFiniteLossError
 
-# Before the user's flags, which override them: about three minutes on two CPU cores.
+# Before the user's flags, which override them: 300 steps of 8 blocks of 256 tokens, about 3 CPU-seconds a step on
+# an AMD EPYC server (15 CPU-minutes in all); the run prints its pace on the machine at hand at its second log.
 TRAINING_DEFAULTS = [
     "--model-size", "tiny",
     "--scale-preset", "unified",

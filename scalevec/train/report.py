@@ -152,12 +152,18 @@ def _checkpoint_cadence(args) -> str:
 
 class PaceCallback(TrainerCallback):
     """Prints, at the second training log, how long the rest of the run takes at the pace of the steps between the
-    first two logs (the first log's steps, slower while the run warms up, left out): the plan's estimate of the
-    run's time, measured on its own hardware rather than assumed."""
+    first two logs (the first log's steps, slower while the run warms up, left out; an evaluation or save between
+    them starts the count again): the plan's estimate of the run's time, measured on its own hardware."""
 
     def __init__(self):
-        self._first: tuple[float, int] | None = None  # (clock, step) at the first training log
+        self._first: tuple[float, int] | None = None  # (clock, step) at the training log the pace is taken from
         self._done = False
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._first = None
+
+    def on_save(self, args, state, control, **kwargs):
+        self._first = None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self._done or logs is None or "loss" not in logs:
