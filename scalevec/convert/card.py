@@ -19,11 +19,13 @@ from ..run_records import (
     RUN_PICTURE,
     TASK_FIGURES,
     TASKS_MEAN,
+    EvaluationRecord,
     RunRecords,
     duration_text,
     is_task_metric,
     logged_entries,
     loss_coverage,
+    part_note,
     read_json,
     read_run_records,
     segments_text,
@@ -276,7 +278,7 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
             rows.append(("throughput", speed + _mfu(where)))
     for key, value in records.eval_metrics.items():
         if not is_task_metric(key):
-            rows.append((key.replace("_", " "), f"{value:.4f}"))
+            rows.append((key.replace("_", " "), _eval_value(key, value)))
     rows += _task_rows(records.eval_metrics)
     for key, label in TRAINING_ARGUMENTS.items():
         value = (records.training_args or {}).get(key)
@@ -299,6 +301,13 @@ def _task_figures(metrics: dict[str, float], name: str) -> str:
     return f"accuracy {acc:.4f}, length-normalised accuracy {acc_norm:.4f}, {bpb:.4f} bits per byte of the answer"
 
 
+def _eval_value(key: str, value: float) -> str:
+    """A recorded eval metric: a count of tokens as a whole number, saying which tokens; a figure to 4 decimals."""
+    if key.endswith("_tokens"):
+        return f"{round(value):,} predicted (every token of the blocks read but each block's first)"
+    return f"{value:.4f}"
+
+
 def _mfu(summary: dict) -> str:
     return f", model FLOPs utilisation {summary['mfu_percent']:.1f} %" if "mfu_percent" in summary else ""
 
@@ -309,11 +318,10 @@ def _data_note(data: dict | None) -> str | None:
     how = "streamed from its shards" if data.get("streaming") else "tokenised and packed once"
     masking = ", attention kept within each document" if data.get("document_masking") else ""
     note = f"Documents {how} into blocks of {data['seq_len']} tokens, tokenizer {data['tokenizer']}{masking}."
-    held_out = data.get("eval")
-    if held_out:
-        note += f" Evaluation: {held_out['name']}, {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks)"
-        if "evaluated_tokens" in held_out and held_out["evaluated_blocks"] < held_out["blocks"]:
-            note += f", of which each evaluation read a fixed subset of {held_out['evaluated_tokens']:,} tokens"
+    if held_out := EvaluationRecord.read(data):
+        note += f" Evaluation: {held_out.name}, {held_out.tokens:,} tokens ({held_out.blocks:,} blocks)"
+        if 0 < held_out.evaluated_blocks < held_out.blocks:
+            note += f", of which each evaluation read a fixed subset of {held_out.evaluated_tokens:,} tokens"
         note += "."
     return note
 
@@ -331,7 +339,8 @@ def _data_rows(data: dict | None, tokens_seen: int | None) -> list[tuple[str, st
             share = f"{100 * source['share']:.1f} %"
             if tokens_seen and source["tokens"]:
                 share += f" ({source['share'] * tokens_seen / source['tokens']:.3g} passes over it)"
-        rows.append((f"`{source['name']}`", *size, share))
+        part = f" ({part_note(source['shard'])})" if "shard" in source else ""
+        rows.append((f"`{source['name']}`{part}", *size, share))
     return rows
 
 

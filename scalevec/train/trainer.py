@@ -33,6 +33,7 @@ from ..modeling_scalevec import ScaleVecModel
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback, activation_kurtosis, kurtosis_log
 from .evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, token_byte_lengths
 from .optim import DecayConfig, MuonAdamW, decay_toward_targets, describe_groups, parameter_groups
+from .run_clock import RunClockCallback
 from .task_scoring import TaskEvaluation, reduce_together, task_metrics
 from .tasks import Task
 from .throughput import ThroughputCallback
@@ -247,8 +248,8 @@ class ScaleVecTrainer(Trainer):
             _install_output_hooks(self.model)
         callbacks = self.callback_handler.callbacks
         # Before every logger (after the Trainer's flow control), so that each logger gets what these add.
-        self.throughput = ThroughputCallback(seq_len, getattr(self.args, "peak_flops", None))
-        callbacks.insert(1, self.throughput)
+        callbacks.insert(1, ThroughputCallback(seq_len, getattr(self.args, "peak_flops", None)))
+        callbacks.insert(1, RunClockCallback())
         if getattr(self.args, "scale_stats", True):
             callbacks.insert(1, ScaleStatsCallback())
             callbacks.insert(len(callbacks) - 1, HideScaleStatsFromConsole())  # after them, before the printer
