@@ -44,6 +44,7 @@ from .study.records import (
     FINISHED,
     MISSING,
     RunRecord,
+    branch_records,
     grid_records,
     load_records,
     record_diverged,
@@ -219,16 +220,17 @@ def run_ablation(
         _train(point, grid, model_args, data_args, training_args)
         if main_process:
             records = study_records(grid, root)
-            done_now = next(r for r in records if r.point == point)
+            done_now = next(r for r in records if r.point == point and r.budget is None)
             print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
-            write_report(records, grid, root, figures=False)  # a killed study still reports
+            write_report(records, grid, root, figures=False, budget_fits=False)  # a killed study still reports
     if not main_process:
         return []
     records = study_records(grid, root)
     print(*write_report(records, grid, root), sep="\n")
-    counts = {status: sum(r.status == status for r in records) for status in (FINISHED, DIVERGED, MISSING)}
+    runs = [r for r in records if r.budget is None]
+    counts = {status: sum(r.status == status for r in runs) for status in (FINISHED, DIVERGED, MISSING)}
     print(
-        f"[ablation] trained {len(todo)} runs; of the grid's {len(records)}: "
+        f"[ablation] trained {len(todo)} runs; of the grid's {len(runs)}: "
         + ", ".join(f"{count} {status}" for status, count in counts.items())
     )
     print(f"results in {root}")
@@ -251,9 +253,11 @@ def check_held_out(data_args: DataArguments) -> None:
 
 
 def study_records(grid: Grid, root: Path) -> list[RunRecord]:
-    """Every point's record: from its run folder, else from the folder's `results.json`, else missing."""
+    """Every point's record (from its run folder, else from the folder's `results.json`, else missing), then those
+    of the budgets `--decay-at` branched from the runs (likewise)."""
     results = read_json(root / "results.json")
-    return grid_records(grid, root, load_records(results) if results else None)
+    recorded = load_records(results) if results else None
+    return [*grid_records(grid, root, recorded), *branch_records(grid, root, recorded)]
 
 
 def plan(grid: Grid, shard: tuple[int, int], done: int, todo: int, report_only: bool) -> str:

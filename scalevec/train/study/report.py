@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ...atomic import write_text_atomically
 from ...run_records import duration_text
+from .budgets import NOT_TESTED, BudgetRow, SurfaceFit, describe, fit_surfaces, markdown_table
 from .claims import claim_verdicts, claims_markdown, interval_text
 from .curves import plot_losses
 from .grid import Grid
@@ -33,16 +34,25 @@ INTRO = (
 )
 
 
-def write_report(records: list[RunRecord], grid: Grid, root: Path, figures: bool = True) -> tuple[str, str]:
-    """Write the study's files into `root` from `records` (every point of `grid`'s); returns the text of
-    `results.md` and of `claims.md`."""
+def write_report(
+    records: list[RunRecord], grid: Grid, root: Path, figures: bool = True, budget_fits: bool = True
+) -> tuple[str, str]:
+    """Write the study's files into `root` from `records` (every point of `grid`'s, then the budgets branched from
+    them); returns the text of `results.md` and of `claims.md`. Without `figures` no picture is drawn, and without
+    `budget_fits` no L(N, D) fit (its bootstrap takes seconds per variant): the rewrite after every run skips both."""
+    branches = [r for r in records if r.budget is not None]
+    records = [r for r in records if r.budget is None]
     summaries = summarise(records, grid)
     best = best_runs(records, summaries)
     sizes = [size.name for size in grid.sizes]
     fits = scaling_fits(best, sizes, len(grid.seeds))
     claims = claim_verdicts(summaries, fits, sizes)
     runs = status_lines(records)
+    rows = budget_rows(best, branches)
+    surfaces = fit_surfaces(rows) if budget_fits and rows else None
     table = results_markdown(records, runs, best, summaries, fits, grid)
+    if branches:
+        table += "\n" + "\n".join(budgets_section(rows, surfaces)) + "\n"
     verdicts = claims_markdown(claims, grid.describe(), runs)
     results = {
         "grid": {
@@ -56,7 +66,8 @@ def write_report(records: list[RunRecord], grid: Grid, root: Path, figures: bool
         "summary": [asdict(s) for s in summaries],
         "scaling": [{k: v for k, v in asdict(fit).items() if k != "replicate_alphas"} for fit in fits],
         "claims": [asdict(claim) for claim in claims],
-        "runs": records_json(records),
+        "budget_fits": None if surfaces is None else {v: asdict(fit) for v, fit in surfaces.items()},
+        "runs": records_json([*records, *branches]),
     }
     write_text_atomically(root / "results.json", json.dumps(_finite(results), indent=2) + "\n")
     write_text_atomically(root / "results.md", table)
@@ -78,6 +89,49 @@ def _finite(value):
     if isinstance(value, list | tuple):
         return [_finite(item) for item in value]
     return value
+
+
+def budget_rows(best: dict[Key, list[RunRecord]], branches: list[RunRecord]) -> list[BudgetRow]:
+    """Each run's report-half loss at every budget, the run itself (fraction 1) and its branches, of each size and
+    variant at its best learning rate: chosen on the whole budget's selection half, whichever budget is shown."""
+    rows = []
+    for (size, variant), runs in best.items():
+        rate = runs[0].learning_rate
+        budgets = [r for r in branches if (r.size, r.variant, r.learning_rate) == (size, variant, rate)]
+        for r in [*runs, *budgets]:
+            if r.status == FINISHED and r.eval_report_loss is not None:
+                fraction = 1.0 if r.budget is None else r.budget
+                rows.append(
+                    BudgetRow(
+                        variant, size, r.non_embedding_parameters, r.tokens, r.seed, r.eval_report_loss, fraction
+                    )
+                )
+    return rows
+
+
+def budgets_section(rows: list[BudgetRow], fits: dict[str, SurfaceFit] | None) -> list[str]:
+    """Loss against tokens per size, and the fit of L(N, D) over sizes and budgets (or why there is none)."""
+    lines = [
+        "## Loss against tokens",
+        "",
+        "Report-half loss (`eval_report_loss`: mean ± standard deviation over seeds, and their number) at each budget "
+        "`--decay-at` branched from the runs (the run itself is the budget 1; a branch trains the cooldown of a run "
+        "of that many tokens from the run's stable phase), each variant at the learning rate chosen on the whole "
+        "budget's selection half: the smaller budgets are not tuned on their own.",
+        "",
+        markdown_table(rows),
+        "",
+    ]
+    if fits is None:
+        return [
+            *lines,
+            "The L(N, D) fit is in the study's final report and in `--report-only`'s (its seed bootstrap "
+            "takes seconds per variant), not in the rewrite after each run.",
+        ]
+    if all(fit.status == NOT_TESTED for fit in fits.values()):
+        reasons = "; ".join(f"{variant}: {fit.reason}" for variant, fit in fits.items())
+        return [*lines, f"L(N, D) = E + A·N^-α + B·D^-β: not tested ({reasons})."]
+    return [*lines, "Fitted on the report-half losses above.", "", describe(fits)]
 
 
 def status_lines(records: list[RunRecord]) -> list[str]:
