@@ -138,6 +138,7 @@ def test_a_diverging_rate_is_recorded_and_the_selection_goes_around_it(study):
             )
             assert run["train_loss"] == logged_losses(study.root / size / f"{variant}-lr{rate:g}-seed{SEED}")[-1]
             assert run["tokens"] == 6 * 4 * 32 and run["non_embedding_parameters"] == PARAMETERS[size]
+            assert run["metrics"]["eval_perplexity"] == logged["eval_perplexity"]  # the figures --metric can pick
         assert runs[size, "none", 0.01]["scale_parameters"] == 0 < runs[size, "standard", 0.01]["scale_parameters"]
     summary = {(s["size"], s["variant"]): s for s in study.results["summary"]}
     for size in SIZES:

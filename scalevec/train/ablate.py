@@ -34,11 +34,13 @@ from pathlib import Path
 from ..atomic import exit_status
 from ..configuration_scalevec import SCALE_FIELDS
 from ..data import DataArguments
-from ..run_records import read_json
+from ..data.held_out import set_names
+from ..run_records import TASK_FIGURES, TASKS_MEAN, read_json
 from .branches import plan_budgets, unfinished_budgets
 from .cli import ModelArguments, _check_output_dir, _config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
 from .study.grid import Grid, GridPoint, build_sizes
+from .study.metric import LOSS, check_logged, metric_name
 from .study.records import (
     DIVERGED,
     FINISHED,
@@ -52,6 +54,7 @@ from .study.records import (
 )
 from .study.report import write_report
 from .study.variants import VARIANT_GROUPS, VARIANTS
+from .tasks import parse_task_list
 from .trainer import NonFiniteLossError, ScaleVecTrainingArguments
 
 _STRATEGY_FIELDS = ("scale_preset", *SCALE_FIELDS)
@@ -87,6 +90,14 @@ class AblationArguments:
         metadata={
             "help": "I/N: train only the I-th of N disjoint shares of the grid (I from 0, as Slurm array task ids), "
             "the same on every machine; the report covers every finished run of the grid."
+        },
+    )
+    metric: str = field(
+        default=LOSS,
+        metadata={
+            "help": "The logged figure the claims are judged on: the held-out loss (its report half) by default, or "
+            "another of the final evaluation's, e.g. eval_hellaswag_acc_norm (--eval-tasks); accuracies count "
+            "higher as better. Learning rates are chosen on the held-out loss's selection half whatever it is."
         },
     )
     report_only: bool = field(
@@ -200,8 +211,12 @@ def run_ablation(
     root = Path(training_args.output_dir)
     if ablation.report_only and not root.is_dir():
         raise ValueError(f"--output-dir {root}: no such folder, so nothing to report")
+    metric = metric_name(ablation.metric)
     if not ablation.report_only:
         check_held_out(data_args)
+        check_metric_configured(metric, data_args)
+    if root.is_dir():  # runs already recorded must have logged it
+        check_logged(metric, study_records(grid, root))
     index, count = ablation.shard_index()
     share = grid.shard(index, count)
     done = [  # finished (with every budget --decay-at branches from it) or diverged
@@ -222,11 +237,11 @@ def run_ablation(
             records = study_records(grid, root)
             done_now = next(r for r in records if r.point == point and r.budget is None)
             print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
-            write_report(records, grid, root, figures=False, budget_fits=False)  # a killed study still reports
+            write_report(records, grid, root, False, False, metric)  # a killed study still reports (no figure, no fit)
     if not main_process:
         return []
     records = study_records(grid, root)
-    print(*write_report(records, grid, root), sep="\n")
+    print(*write_report(records, grid, root, metric=metric), sep="\n")
     runs = [r for r in records if r.budget is None]
     counts = {status: sum(r.status == status for r in runs) for status in (FINISHED, DIVERGED, MISSING)}
     print(
@@ -250,6 +265,16 @@ def check_held_out(data_args: DataArguments) -> None:
             f"--max-eval-tokens {budget}: scalevec-ablate needs 2 held-out blocks of --seq-len at least (one half to "
             "choose learning rates on, one to report on)"
         )
+
+
+def check_metric_configured(metric: str, data_args: DataArguments) -> None:
+    """Refuse, before anything trains, a --metric the runs of this configuration will not log."""
+    logged = ["eval_loss", "eval_perplexity", "eval_bits_per_byte"]
+    if data_args.eval_tasks:
+        tasks = set_names(parse_task_list(data_args.eval_tasks))
+        logged += [f"eval_{name}_{figure}" for name in (*tasks, TASKS_MEAN) for figure in TASK_FIGURES]
+    if metric not in logged:
+        raise ValueError(f"--metric {metric}: these runs will not log it; they log {', '.join(logged)}")
 
 
 def study_records(grid: Grid, root: Path) -> list[RunRecord]:

@@ -152,7 +152,7 @@ def figures(evaluation: dict[str, float]) -> dict[str, float]:
     nor counts (tokens, items), to keep records small."""
     tasks = {key.removeprefix("eval_").removesuffix("_items") for key in evaluation if key.endswith("_items")}
     kept = {f"eval_{name}_{figure}" for name in (*tasks, TASKS_MEAN) for figure in TASK_FIGURES}
-    kept |= {"eval_perplexity", "eval_bpb"}
+    kept |= {"eval_perplexity", "eval_bits_per_byte"}
     return {key: value for key, value in evaluation.items() if key in kept}
 
 

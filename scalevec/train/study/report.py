@@ -18,6 +18,7 @@ from .claims import claim_verdicts, claims_markdown, interval_text
 from .curves import plot_losses
 from .grid import Grid
 from .intervals import paired_interval
+from .metric import LOSS, describe_metric
 from .records import DIVERGED, FINISHED, MISSING, RunRecord, records_json
 from .scaling import COUNTS, REPLICATES, ScalingFit, plot_scaling, scaling_fits
 from .summary import SELECTED, Key, VariantSummary, best_runs, summarise
@@ -35,25 +36,31 @@ INTRO = (
 
 
 def write_report(
-    records: list[RunRecord], grid: Grid, root: Path, figures: bool = True, budget_fits: bool = True
+    records: list[RunRecord],
+    grid: Grid,
+    root: Path,
+    figures: bool = True,
+    budget_fits: bool = True,
+    metric: str = LOSS,
 ) -> tuple[str, str]:
     """Write the study's files into `root` from `records` (every point of `grid`'s, then the budgets branched from
     them); returns the text of `results.md` and of `claims.md`. Without `figures` no picture is drawn, and without
-    `budget_fits` no L(N, D) fit (its bootstrap takes seconds per variant): the rewrite after every run skips both."""
+    `budget_fits` no L(N, D) fit (its bootstrap takes seconds per variant): the rewrite after every run skips both.
+    The claims are judged on `metric` (`study.metric`), the learning rates chosen on the held-out loss."""
     branches = [r for r in records if r.budget is not None]
     records = [r for r in records if r.budget is None]
-    summaries = summarise(records, grid)
+    summaries = summarise(records, grid, metric)
     best = best_runs(records, summaries)
     sizes = [size.name for size in grid.sizes]
     fits = scaling_fits(best, sizes, len(grid.seeds))
-    claims = claim_verdicts(summaries, fits, sizes)
+    claims = claim_verdicts(summaries, fits, sizes, metric)
     runs = status_lines(records)
     rows = budget_rows(best, branches)
     surfaces = fit_surfaces(rows) if budget_fits and rows else None
-    table = results_markdown(records, runs, best, summaries, fits, grid)
+    table = results_markdown(records, runs, best, summaries, fits, grid, metric)
     if branches:
         table += "\n" + "\n".join(budgets_section(rows, surfaces)) + "\n"
-    verdicts = claims_markdown(claims, grid.describe(), runs)
+    verdicts = claims_markdown(claims, grid.describe(), runs, metric)
     results = {
         "grid": {
             "sizes": [asdict(size) for size in grid.sizes],
@@ -62,6 +69,7 @@ def write_report(
             "seeds": grid.seeds,
             "runs": len(grid.points()),
         },
+        "metric": metric,
         "counts": {status: sum(r.status == status for r in records) for status in (FINISHED, DIVERGED, MISSING)},
         "summary": [asdict(s) for s in summaries],
         "scaling": [{k: v for k, v in asdict(fit).items() if k != "replicate_alphas"} for fit in fits],
@@ -162,6 +170,7 @@ def results_markdown(
     summaries: list[VariantSummary],
     fits: list[ScalingFit],
     grid: Grid,
+    metric: str = LOSS,
 ) -> str:
     finished = sum(r.status == FINISHED for r in records)
     rows = [
@@ -174,10 +183,12 @@ def results_markdown(
         *(f"- {size.describe()}" for size in grid.sizes),
         "",
         INTRO,
+        "",
+        describe_metric(metric),
     ]
     for size in grid.sizes:
         ours = [s for s in summaries if s.size == size.name]
-        rows += ["", f"## {size.name}", "", *_size_tables(ours, best)]
+        rows += ["", f"## {size.name}", "", *_size_tables(ours, best, metric)]
     rows += ["", "## Scaling", "", *scaling_table(fits)]
     rows += ["", "The paper's claims, each with its verdict: `claims.md`."]
     return "\n".join(rows) + "\n"
@@ -202,9 +213,10 @@ def scaling_table(fits: list[ScalingFit]) -> list[str]:
     return rows
 
 
-def _size_tables(summaries: list[VariantSummary], best: dict[Key, list[RunRecord]]) -> list[str]:
+def _size_tables(summaries: list[VariantSummary], best: dict[Key, list[RunRecord]], metric: str) -> list[str]:
+    figure = "report loss" if metric == LOSS else metric
     rows = [
-        "| variant | best lr | report loss (mean ± std) | reference | Δ per seed | mean Δ [95 %] | paper "
+        f"| variant | best lr | {figure} (mean ± std) | reference | Δ per seed | mean Δ [95 %] | paper "
         "| final train loss | tokens | parameters (non-embedding / total / active) | scale params | train time / run "
         "| learning-rate grid |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
