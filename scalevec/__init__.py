@@ -1,12 +1,37 @@
 """ScaleVec: scale vectors done right, as a transformers architecture."""
 
 import importlib.util
+import logging
+from contextlib import contextmanager
 
+import torch
 import transformers
 
-from . import modeling_scalevec
-from .configuration_scalevec import ScaleVecConfig
-from .modeling_scalevec import *  # noqa: F403
+
+@contextmanager
+def _quiet_torchao_import():
+    """transformers imports torchao, when it is installed, with its model classes; torchao 0.17 and 0.18 then print
+    four lines that concern no ScaleVec command: on a CPU-only torch, "Failed to load" for each of its compiled CUDA
+    kernels (PyPI's torchao wheels are CUDA builds; its weight-only CPU path is plain Python), and on torch 2.13 two
+    notices that registering Enums as pytree constants is deprecated. Raise those two loggers above WARNING for
+    the import; with a CUDA build of torch, a kernel that fails to load is still reported."""
+    quieted = [logging.getLogger("torch.utils._pytree")]
+    if torch.version.cuda is None:
+        quieted.append(logging.getLogger("torchao"))
+    levels = [logger.level for logger in quieted]
+    for logger in quieted:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(quieted, levels):
+            logger.setLevel(level)
+
+
+with _quiet_torchao_import():
+    from . import modeling_scalevec
+    from .configuration_scalevec import ScaleVecConfig
+    from .modeling_scalevec import *  # noqa: F403
 
 __all__ = ["ScaleVecConfig", *modeling_scalevec.__all__]
 

@@ -8,7 +8,9 @@ scalevec-eval --export-task hellaswag hellaswag.jsonl        # where the Hub is 
 MODEL is a folder (or Hub id) that `AutoModelForCausalLM` and `AutoTokenizer` load: a ScaleVec run or checkpoint,
 its Llama / Qwen3 exports, a stock model. The results are printed as a table and, with `--output`, written as JSON:
 {"model": ..., "tasks": {name: {"acc", "acc_norm", "bpb", "items"}}, "held_out": {"loss", "perplexity",
-"bits_per_byte", "tokens"} or null}.
+"bits_per_byte", "tokens"} or null}. With `--quantize int8,int4`, the model is scored again with each scheme's
+weight-only quantization (scalevec/quantization.py), on the same items and blocks, and the results add
+"quantized": {scheme: {"tasks", "held_out", "seconds"}} and "differences": {scheme: quantized minus unquantized}.
 """
 
 import argparse
@@ -17,7 +19,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +28,7 @@ from .atomic import exit_status, write_text_atomically
 from .data.build import DEFAULT_SEQ_LEN, DataArguments, build_held_out_data
 from .data.collator import PackedBlockCollator
 from .data.held_out import DEFAULT_EVAL_TOKENS, DEFAULT_TASK_EXAMPLES
+from .quantization import parse_schemes, quantization_deltas, quantize_weights
 from .run_records import TASK_FIGURES
 from .train.evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, token_byte_lengths
 from .train.task_scoring import TaskEvaluation, model_length, reduce_together, task_metrics
@@ -38,9 +41,21 @@ class EvaluationResult:
     tasks: dict[str, dict[str, float]]  # name -> acc, acc_norm, bpb, items
     held_out: dict[str, float] | None  # loss, perplexity, bits_per_byte, tokens
     seconds: float
+    quantized: dict[str, "EvaluationResult"] = field(default_factory=dict)  # scheme -> the quantized model's scores
+
+    def scores(self) -> dict:
+        return {"tasks": self.tasks, "held_out": self.held_out}
+
+    def differences(self) -> dict[str, dict]:
+        """Per quantization scheme, its scores minus the unquantized ones (`quantization_deltas`)."""
+        return quantization_deltas(self.scores(), {scheme: q.scores() for scheme, q in self.quantized.items()})
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2) + "\n"
+        record = {"model": self.model, **self.scores(), "seconds": self.seconds}
+        if self.quantized:
+            record["quantized"] = {s: {**q.scores(), "seconds": q.seconds} for s, q in self.quantized.items()}
+            record["differences"] = self.differences()
+        return json.dumps(record, indent=2) + "\n"
 
 
 def evaluate_model(
@@ -104,6 +119,11 @@ def describe(result: EvaluationResult) -> str:
             f"{held['tokens']:,} tokens"
         )
     lines.append(f"in {result.seconds:.1f} s")
+    for scheme, differences in result.differences().items():
+        lines += ["", describe(result.quantized[scheme])]
+        changes = [f"held-out loss {d:+.4f}" for d in [differences["held_out"].get("loss")] if d is not None]
+        changes += [f"{task} acc {d['acc']:+.4f}, bpb {d['bpb']:+.4f}" for task, d in differences["tasks"].items()]
+        lines.append(f"{scheme} minus unquantized: {'; '.join(changes) or '-'}")
     return "\n".join(lines)
 
 
@@ -116,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-eval-tokens", default=str(DEFAULT_EVAL_TOKENS), help="held-out tokens read, or 'all'")
     parser.add_argument("--seq-len", type=int, help=f"held-out block length (default {DEFAULT_SEQ_LEN})")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward")
+    parser.add_argument(
+        "--quantize",
+        help="comma-separated weight-only schemes (int8, int4): score the model again with each, beside the "
+        "unquantized scores (needs torchao: pip install 'scalevec[quantize]')",
+    )
     parser.add_argument("--output", help="write the results here as JSON")
     parser.add_argument("--export-task", nargs=2, metavar=("NAME", "FILE"), help="write a built-in task as jsonl")
     return parser
@@ -128,20 +153,21 @@ def _run(args: argparse.Namespace) -> None:
         raise ValueError("give a MODEL and --tasks and/or --eval-dataset (or --export-task NAME FILE)")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1; got {args.batch_size}")
+    schemes = parse_schemes(args.quantize) if args.quantize else []
     rank, world_size, device = _distributed()
     tasks = load_tasks(parse_task_list(args.tasks), args.task_examples) if args.tasks else []
     tokenizer, model = _load(args.model, device)
     held_out = _held_out(args, tokenizer, model, rank) if args.eval_dataset else None
-    result = evaluate_model(
-        model,
-        tokenizer,
-        tasks,
-        held_out,
-        name=args.model,
-        batch_size=args.batch_size,
-        rank=rank,
-        world_size=world_size,
-    )
+
+    def score(model: torch.nn.Module, name: str) -> EvaluationResult:
+        return evaluate_model(
+            model, tokenizer, tasks, held_out, name=name, batch_size=args.batch_size, rank=rank, world_size=world_size
+        )
+
+    result = score(model, args.model)
+    for scheme in schemes:  # each from the unquantized weights, loaded again: quantizing is in place
+        quantized = quantize_weights(_load(args.model, device)[1], scheme)
+        result.quantized[scheme] = score(quantized, f"{args.model} ({scheme} weights)")
     if rank == 0:
         print(describe(result), flush=True)
         if args.output:
@@ -195,7 +221,7 @@ def _export_task(name: str, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    return exit_status("scalevec-eval", lambda: _run(args), (ValueError,))
+    return exit_status("scalevec-eval", lambda: _run(args), (ValueError, ImportError))
 
 
 if __name__ == "__main__":

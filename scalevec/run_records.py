@@ -6,7 +6,7 @@ Missing or unreadable files are skipped rather than raised: a reader of records 
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 RUN_PICTURE = "scale_vectors.png"  # the loss / scale-statistics figure `scalevec-train` writes into its output folder
@@ -19,8 +19,9 @@ EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_s
 # the name of their mean over the tasks (`eval_tasks_<figure>`): scalevec/train/task_scoring.py.
 TASK_FIGURES = ("acc", "acc_norm", "bpb")
 TASKS_MEAN = "tasks"
-# The entry of a trainer state's `stateful_callbacks` that holds the run's clock (`RunClock`): the callback's name.
-RUN_CLOCK = "ThroughputCallback"
+# The entry of a trainer state's `stateful_callbacks` that holds the run's clock (`RunClock`): the Trainer saves each
+# stateful callback under its class name, and `scalevec.train.run_clock.RunClockCallback` keeps the clock.
+RUN_CLOCK = "RunClockCallback"
 
 
 @dataclass
@@ -62,6 +63,13 @@ class WholeRun:
         return self.tokens / self.clock.training_seconds
 
 
+def part_note(shard: list[int]) -> str:
+    """How a run's record of its data (a source's "shard": [index, count]) names a source that is one part of a
+    preparation split with `scalevec-data prepare --shard`."""
+    index, count = shard
+    return f"part {index}/{count} of a preparation split with --shard (`scalevec-data combine` joins the parts)"
+
+
 def loss_coverage(covered: int, steps: int) -> str:
     """Which steps a mean of the logged losses covers: `all 200 steps`, `196 of the 200 steps (those logged)`."""
     return f"all {steps:,} steps" if covered >= steps else f"{covered:,} of the {steps:,} steps (those logged)"
@@ -95,6 +103,51 @@ def whole_run(state: dict) -> WholeRun:
         mean_loss=total / weight if weight else None,
         mean_loss_steps=int(weight),
     )
+
+
+@dataclass
+class HeldOutSetRecord:
+    """One held-out set of a run's evaluation, enough to find its evaluated blocks again:
+    `evaluation_blocks(blocks, evaluated_blocks)` of the `split` of the prepared `folder`."""
+
+    name: str
+    folder: str
+    split: str
+    blocks: int
+    evaluated_blocks: int
+
+
+@dataclass
+class EvaluationRecord:
+    """What a run's evaluation reads, as its `training_data.json` records it under "eval". Three token counts describe
+    one evaluation: `tokens`, the held-out tokens there are; `evaluated_tokens`, those each evaluation reads (whole
+    blocks, `--max-eval-tokens`); and the evaluation's `eval_tokens` metric, those it predicts and scores (every token
+    of a block read but its first)."""
+
+    name: str
+    blocks: int  # held out, in whole blocks of the run's sequence length
+    tokens: int  # held out (with those of the last incomplete block of each document run)
+    evaluated_blocks: int = 0  # read by each evaluation; 0: no evaluation (no complete block held out)
+    evaluated_tokens: int = 0
+    sets: list[HeldOutSetRecord] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, data_record: dict | None) -> "EvaluationRecord | None":
+        """The evaluation a run's record of its data (`training_data.json`) describes; None where it records none or
+        one this version cannot read."""
+        held_out = (data_record or {}).get("eval")
+        if not isinstance(held_out, dict):
+            return None
+        try:
+            sets = [HeldOutSetRecord(**entry) for entry in held_out.get("sets", [])]
+            return cls(**{**held_out, "sets": sets})
+        except TypeError:  # written by another version
+            return None
+
+    def to_record(self) -> dict:
+        """As `training_data.json` records it: the held-out size alone where nothing is evaluated."""
+        record = asdict(self)
+        return record if self.sets else {key: record[key] for key in ("name", "blocks", "tokens")}
 
 
 @dataclass

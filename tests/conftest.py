@@ -3,6 +3,50 @@ import torch
 
 from .hub_server import HubServer
 
+# Tests that start processes (torchrun, the CLIs or a fresh interpreter in a subprocess, preparation shards, a C++
+# compiler) or train whole grids end to end are marked `slow`: `pytest -m "not slow"` is the quick loop, plain
+# `pytest` runs everything. Whole files, where every test (or a fixture they share) does so:
+SLOW_FILES = {
+    "test_ablate.py",
+    "test_compile.py",  # inductor's C++ compiler
+    "test_convert_fold.py",  # every output loaded in one fresh process
+    "test_convert_faults.py",
+    "test_convert_layout.py",
+    "test_convert_safety.py",
+    "test_cpu_kernels.py",  # the kernels' C++ build
+    "test_data_preparation.py",
+    "test_data_training.py",
+    "test_distributed.py",
+    "test_ecosystem.py",
+    "test_evaluation.py",
+    "test_gpu_check.py",
+    "test_hub_push.py",
+    "test_hub_server.py",
+    "test_main_job.py",
+    "test_old_transformers.py",
+    "test_study.py",
+    "test_train_cli.py",
+    "test_train_preemption.py",
+}
+# ... and single tests of the other files (by function name, every parameter).
+SLOW_TESTS = {
+    "test_data_prepared.py": {"test_a_50_mb_line_is_prepared_in_bounded_memory"},
+    "test_intree.py": {"test_task_heads_train_and_load_with_remote_code_where_scalevec_is_absent"},
+    "test_modeling.py": {
+        "test_remote_code_loads_where_scalevec_is_not_installed",
+        "test_remote_code_without_trust_is_refused_when_package_missing",
+    },
+    "test_moe.py": {"test_save_reload_and_remote_code_give_equal_logits"},
+    "test_train_data.py": {"test_embedded_corpus_and_tokenizer_offline"},
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        if name in SLOW_FILES or item.originalname in SLOW_TESTS.get(name, ()):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def hub():

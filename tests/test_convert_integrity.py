@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,32 @@ def test_json_of_the_wrong_shape_is_named(tmp_path, capsys, file, content, messa
     saved_scalevec(tmp_path / "src", tiny_config())
     (tmp_path / "src" / file).write_text(content)
     refused(["inspect", str(tmp_path / "src")], tmp_path / "src", capsys, str(tmp_path / "src" / file), message)
+
+
+def test_a_checkpoint_that_rotation_removed_is_said_to_no_longer_exist(tmp_path, monkeypatch, capsys):
+    """Named before the run's rotation removed it, and removed before or while the converter opens it."""
+    from scalevec.convert import checkpoint
+
+    run = tmp_path / "run"
+    saved_scalevec(run / "checkpoint-4", tiny_config())
+    gone = (
+        f"scalevec-convert: error: {run / 'checkpoint-2'} no longer exists: the run in {run} holds checkpoint-4 now "
+        "(a run keeps only its newest checkpoints, --save-total-limit, and removes the older ones as it saves)\n"
+    )
+    capsys.readouterr()
+    assert main(["export", str(run / "checkpoint-2"), str(tmp_path / "out"), "--to", "llama"]) == 1
+    assert capsys.readouterr().err == gone
+    saved_scalevec(run / "checkpoint-2", tiny_config())
+    capsys.readouterr()
+    index = checkpoint._index_tensors
+
+    def rotated_while_read(folder):  # the run saves checkpoint-6 and removes checkpoint-2 meanwhile
+        shutil.rmtree(run / "checkpoint-2")
+        return index(folder)
+
+    monkeypatch.setattr(checkpoint, "_index_tensors", rotated_while_read)
+    assert main(["export", str(run / "checkpoint-2"), str(tmp_path / "out"), "--to", "llama"]) == 1
+    assert capsys.readouterr().err == gone
+    assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "out"), "--to", "llama"]) == 1
+    assert capsys.readouterr().err == f"scalevec-convert: error: {tmp_path / 'nowhere'} is not a checkpoint folder\n"
+    assert not (tmp_path / "out").exists()

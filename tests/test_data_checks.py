@@ -3,13 +3,15 @@ or bogus-dtype folder, one without `scalevec_data.json` and one with a broken to
 non-zero exit (`--quick` skips the scan of the token ids); training refuses each before its first step, in one line,
 and a folder without `scalevec_data.json` is not read as raw data."""
 
+import fcntl
 import json
+import os
 import shutil
 
 import numpy as np
 import pytest
 
-from scalevec.data import PrepareOptions, default_tokenizer, find_source, prepare
+from scalevec.data import PrepareOptions, default_tokenizer, find_source, preparation, prepare, resumable
 from scalevec.data.cli import main as data_main
 from scalevec.train.cli import main as train_main
 
@@ -102,3 +104,38 @@ def test_training_refuses_a_damaged_folder_before_its_first_step(damage, good, t
         message = f"--dataset {folder}: a prepared folder without its scalevec_data.json; prepare it again"
     assert message in errors[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_info_on_a_missing_or_unfinished_folder_says_which_and_that_rerunning_continues(tmp_path, capsys, monkeypatch):
+    data = write_dataset(tmp_path / "data", "jsonl", corpus_texts(300))
+    folder = tmp_path / "prepared"
+    assert data_main(["info", str(folder)]) == 1
+    assert capsys.readouterr().err == f"scalevec-data: error: {folder}: no such folder\n"
+
+    def interrupted(self, progress):  # as a Ctrl-C (or a kill) during the preparation, after it saved nothing
+        raise KeyboardInterrupt
+
+    prepare_argv = ["prepare", str(data), "--output", str(folder), "--seq-len", "32", "--quiet"]
+    monkeypatch.setattr(resumable.Staging, "save", interrupted)
+    monkeypatch.setattr(preparation, "CHECKPOINT_SECONDS", 0)
+    with pytest.raises(KeyboardInterrupt):
+        data_main(prepare_argv)
+    monkeypatch.undo()
+    staging = tmp_path / ".prepared.staging"
+    assert data_main(["info", str(folder)]) == 1
+    assert capsys.readouterr().err == (
+        f"scalevec-data: error: {folder}: not prepared yet: a preparation into it was interrupted, and what it had "
+        f"done is in {staging}; run the same `scalevec-data prepare ... --output {folder}` again and it continues "
+        "from there\n"
+    )
+    descriptor = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)  # as a live preparation holds it
+        assert data_main(["info", str(folder)]) == 1
+        assert f"{folder}: not prepared yet: another process is preparing it now (in {staging})" in (
+            capsys.readouterr().err
+        )
+    finally:
+        os.close(descriptor)
+    assert data_main(prepare_argv) == 0 and data_main(["info", str(folder)]) == 0
+    assert not staging.exists()

@@ -144,8 +144,8 @@ def test_two_shards_combined_are_one_preparation(corpus, uninterrupted, tmp_path
     assert (parts[0] / "train_tail.bin").stat().st_size > 0  # part 1's tokens start inside a block
     sizes = [(part / "train.bin").stat().st_size for part in parts]
     assert min(sizes) > 0.3 * sum(sizes)  # balanced by the files' sizes
-    with pytest.raises(SystemExit):
-        data_main(["prepare", str(corpus), "--output", str(tmp_path / "x"), "--shard", "7/7", *OPTIONS])
-    assert "--shard: '7/7' is not i/n with 0 <= i < n" in capsys.readouterr().err
+    assert data_main(["prepare", str(corpus), "--output", str(tmp_path / "x"), "--shard", "7/7", *OPTIONS]) == 1
+    assert "scalevec-data: error: --shard '7/7': give I/N with 0 <= I < N" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
     assert data_main(["prepare", str(corpus), "--output", str(tmp_path / "x"), "--shard", "0/8", *OPTIONS]) == 1
     assert "--shard 0/8: the sources hold 7 files, and a part whole files" in capsys.readouterr().err

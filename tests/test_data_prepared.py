@@ -4,6 +4,7 @@ tokenising, the refusal of a folder made with another tokenizer or sequence leng
 document in bounded memory."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from ._helpers import (
     tiny_trainer,
     train_argv,
     write_dataset,
+    write_parts,
 )
 
 
@@ -283,3 +285,27 @@ def test_scalevec_data_prepares_a_folder_that_training_uses_as_it_is(tmp_path, c
     assert [entry["eval_loss"] for entry in log_history(tmp_path / "run") if "eval_loss" in entry]
     record = json.loads((tmp_path / "run" / "training_data.json").read_text())
     assert record["seq_len"] == 32 and record["sources"][0]["folder"] == str(folder)
+
+
+def test_training_on_one_part_of_a_sharded_preparation_says_so_and_points_to_combine(tmp_path, capsys):
+    from scalevec.convert.card import _data_rows
+    from scalevec.data.cli import main as data_main
+    from scalevec.train.cli import main as train_main
+
+    corpus = write_parts(tmp_path / "corpus", corpus_texts(400), [150, 130, 120])
+    part = tmp_path / "parts" / "web-0"
+    flags = ["--seq-len", "32", "--eval-every", "10", "--quiet"]
+    assert data_main(["prepare", str(corpus), "--output", str(part), "--shard", "0/3", *flags]) == 0
+    capsys.readouterr()
+    argv = train_argv(tmp_path / "run", "--dataset", str(part), steps=2, max_documents=None)
+    assert train_main(argv) == 0
+    out = capsys.readouterr().out
+    note = "part 0/3 of a preparation split with --shard (`scalevec-data combine` joins the parts)"
+    assert (
+        f"scalevec-train: warning: --dataset {part} is part 0/3 of a preparation split with --shard: this run "
+        "trains on that part alone; join the parts first with `scalevec-data combine PART... --output FOLDER`"
+    ) in out
+    assert re.search(rf"data +{re.escape(str(part))}: .* blocks\); only {re.escape(note)}\n", out)  # the plan
+    record = json.loads((tmp_path / "run" / "training_data.json").read_text())
+    assert record["sources"][0]["shard"] == [0, 3]
+    assert _data_rows(record, None)[0][0] == f"`{part}` ({note})"  # the card's data table

@@ -4,13 +4,15 @@ leaving nothing behind."""
 
 import gzip
 import json
+import time
 
 import datasets
 import pyarrow.parquet as pq
 import pytest
 
-from scalevec.data import DataError, find_source
-from scalevec.data.sources import read_documents
+from scalevec.data import DataArguments, DataError, find_source
+from scalevec.data.build import load_tokenizer
+from scalevec.data.sources import is_missing_path, read_documents
 from scalevec.train.cli import main
 
 from ._helpers import corpus_texts, train_argv, write_dataset
@@ -157,3 +159,20 @@ def test_scalevec_train_says_one_line_and_leaves_nothing(case, tmp_path, capsys)
     assert len(errors) == 1 and errors[0].startswith(f"scalevec-train: error: {data}/{BAD[case][1]}"), errors
     assert not output.exists()
     assert list(cache.iterdir()) == []  # the half-prepared copy is gone
+
+
+def test_a_missing_path_spelled_as_a_hub_id_is_named_at_once(tmp_path, monkeypatch):
+    """`data/nothere` beside a folder `data`, `bad/name` beside a folder `bad`: no such file or folder, said at once
+    instead of after the Hub's retries; an `owner/name` with no folder `owner` here is still a Hub id."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "bad").mkdir()
+    started = time.monotonic()
+    with pytest.raises(DataError, match=r"^--dataset data/nothere: no such file or folder$"):
+        find_source("data/nothere")
+    with pytest.raises(DataError, match=r"^--tokenizer bad/name: no such folder$"):
+        load_tokenizer(DataArguments(tokenizer="bad/name"))
+    assert time.monotonic() - started < 5  # no request to the Hub
+    assert is_missing_path("data/nothere") and is_missing_path("./nothere") and is_missing_path("a b/c")
+    assert not is_missing_path("someone/corpus") and not is_missing_path("wikitext")  # Hub ids
+    assert not is_missing_path("data")  # there

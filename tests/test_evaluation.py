@@ -65,7 +65,7 @@ def test_periodic_evaluation_logs_at_every_eval_step_and_once_at_the_end(mixture
     assert f"each evaluation reads {EVAL_BLOCKS * SEQ_LEN:,} tokens ({EVAL_BLOCKS} blocks (main 14, extra 9)" in plan
     assert "2 times: every 2 steps and at the end" in plan
     done = mixture_run["printed"].split("== scalevec-train: done ==")[1]
-    assert f"{EVAL_BLOCKS * (SEQ_LEN - 1):,} tokens in " in done and "  main " in done and "  extra " in done
+    assert f"{EVAL_BLOCKS * (SEQ_LEN - 1):,} tokens predicted in " in done and "  main " in done and "  extra " in done
 
 
 def test_a_mixture_reports_each_source_and_their_token_weighted_combination(mixture_run):

@@ -58,7 +58,9 @@ def test_main_job_trains_exports_with_cards_and_loads_each_export_in_a_fresh_pro
         assert ("loss", eval_loss) in [(r.metric_type, r.metric_value) for r in card.data.eval_results]
         assert load in card.text and "| optimizer steps | 4 |" in card.text
         assert card.data.model_name == "tiny quickstart model" and "\n# tiny quickstart model\n" in card.text
-        assert "| `the embedded corpus` |" in card.text and " on 1 × CPU (" in card.text  # its data and hardware
+        assert (
+            "| `the embedded default corpus` |" in card.text and " on 1 × CPU (" in card.text
+        )  # its data and hardware
     trained = ScaleVecForCausalLM.from_pretrained(output / "run").eval()
     ids = random_ids(trained.config)
     exported = LlamaForCausalLM.from_pretrained(output / "llama").eval()

@@ -340,6 +340,37 @@ def test_a_scalevec_folder_and_its_stock_export_score_equal(model_dir, tmp_path,
     assert scalevec["held_out"]["loss"] == pytest.approx(export["held_out"]["loss"], rel=1e-5)
 
 
+def test_quantize_scores_each_scheme_beside_the_unquantized_model(model_dir, tmp_path, capsys):
+    flags = [
+        "--tasks",
+        str(model_dir / "mc.jsonl"),
+        "--eval-dataset",
+        str(model_dir / "held.jsonl"),
+        "--seq-len",
+        "32",
+    ]
+    plain, both = tmp_path / "plain.json", tmp_path / "quantized.json"
+    assert evaluate_main([str(model_dir / "model"), *flags, "--output", str(plain)]) == 0
+    assert evaluate_main([str(model_dir / "model"), *flags, "--quantize", "int8,int4", "--output", str(both)]) == 0
+    plain, both = _scores(plain), _scores(both)
+    assert (both["tasks"], both["held_out"]) == (plain["tasks"], plain["held_out"])  # quantizing copies, in turn
+    changes = {}
+    for scheme in ("int8", "int4"):
+        quantized, differences = both["quantized"][scheme], both["differences"][scheme]
+        assert (
+            quantized["tasks"]["mc"]["items"] == 30 and quantized["held_out"]["tokens"] == plain["held_out"]["tokens"]
+        )
+        changes[scheme] = quantized["held_out"]["loss"] - plain["held_out"]["loss"]
+        assert differences["held_out"]["loss"] == pytest.approx(changes[scheme], abs=1e-12)
+        assert differences["tasks"]["mc"]["bpb"] == pytest.approx(
+            quantized["tasks"]["mc"]["bpb"] - plain["tasks"]["mc"]["bpb"], abs=1e-12
+        )
+    assert 0 < abs(changes["int8"]) < abs(changes["int4"])
+    assert "int4 minus unquantized: held-out loss" in capsys.readouterr().out
+    assert evaluate_main([str(model_dir / "model"), *flags, "--quantize", "int3"]) != 0
+    assert "Unknown quantization scheme 'int3'; choose from int8, int4" in capsys.readouterr().err
+
+
 # --- the training loop ---------------------------------------------------------------------------------------
 
 

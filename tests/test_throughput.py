@@ -1,6 +1,7 @@
 """Throughput while pretraining (scalevec/train/throughput.py): the model-FLOPs formula against a measured count,
 the peak FLOP/s table, and the callback that logs tokens/s, MFU and peak memory."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -12,12 +13,15 @@ from datasets import Dataset
 from transformers import LlamaConfig, TrainerCallback, TrainerControl, TrainerState
 
 from scalevec import ScaleVecForCausalLM
-from scalevec.train import ScaleVecTrainer, ScaleVecTrainingArguments, throughput
+from scalevec.run_records import RUN_CLOCK, RunClock
+from scalevec.train import ScaleVecTrainer, ScaleVecTrainingArguments, run_clock, throughput
+from scalevec.train.run_clock import RunClockCallback
 from scalevec.train.throughput import (
     ThroughputCallback,
     device_peak_flops,
     model_flops_per_token,
     peak_flops_by_name,
+    training_peak_flops,
 )
 
 from ._helpers import TINY, TINY_MOE, tiny_config
@@ -89,6 +93,49 @@ def test_peak_flops_unknown_on_cpu_and_refused_for_other_dtypes():
     assert device_peak_flops("cpu") is None
     with pytest.raises(ValueError, match="float8"):
         peak_flops_by_name("NVIDIA H100", torch.float8_e4m3fn)
+
+
+def test_one_peak_flops_rule_for_the_plan_the_logs_and_the_summary():
+    args = SimpleNamespace(bf16=True, fp16=False, tf32=None, device=torch.device("cpu"), peak_flops=None)
+    assert training_peak_flops(args) is None  # no known peak on CPU
+    assert training_peak_flops(SimpleNamespace(**{**vars(args), "peak_flops": 3e12})) == 3e12  # --peak-flops wins
+    assert training_peak_flops(SimpleNamespace(bf16=False, fp16=False, tf32=True, device="cpu")) is None  # stock args
+
+
+def test_the_run_clock_keeps_training_and_wall_time_apart_from_evaluations(monkeypatch):
+    """Steps end at 101 and 102, a log at 102.5 and an evaluation ending at 110; the last step ends at 111: 2.5 s of
+    training before the evaluation and 1 after it, 11 s of wall time."""
+    clock = iter([100.0, 101.0, 102.0, 102.5, 110.0, 111.0])
+    monkeypatch.setattr(run_clock.time, "perf_counter", lambda: next(clock))
+    args, state, control = SimpleNamespace(), TrainerState(), TrainerControl()
+    callback = RunClockCallback()
+    callback.on_train_begin(args, state, control)  # 100
+    callback.on_step_end(args, state, control)  # 101
+    callback.on_step_end(args, state, control)  # 102
+    callback.on_log(args, state, control, logs={"loss": 1.0})  # 102.5
+    callback.on_evaluate(args, state, control)  # 110: the window closes at 102.5, the latest step's end
+    callback.on_step_end(args, state, control)  # 111
+    callback.on_train_end(args, state, control)  # the training ends at the latest event, 111
+    recorded = RunClock.recorded(vars(state))
+    assert recorded == RunClock([0], wall_seconds=11.0, training_seconds=3.5)
+
+
+def test_the_run_clock_is_saved_under_its_callbacks_own_key(tmp_path):
+    """Each checkpoint's trainer state holds the clock under the key the readers look it up by; the throughput
+    callback saves nothing (a rename of either cannot lose the clock unnoticed)."""
+    assert RunClockCallback.__name__ == RUN_CLOCK  # the Trainer saves a stateful callback under its class name
+    model = ScaleVecForCausalLM(tiny_config())
+    ids = torch.randint(0, TINY["vocab_size"], (8, 16))
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+    args = ScaleVecTrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, save_steps=2, per_device_train_batch_size=2, report_to="none",
+        disable_tqdm=True, use_cpu=True, logging_steps=1,
+    )  # fmt: skip
+    ScaleVecTrainer(model=model, args=args, train_dataset=data, seq_len=16).train()
+    state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
+    assert "ThroughputCallback" not in state["stateful_callbacks"]
+    clock = RunClock.recorded(state)
+    assert clock.segment_starts == [0] and 0 < clock.training_seconds <= clock.wall_seconds
 
 
 def test_callback_figures_over_each_window(monkeypatch):

@@ -2,6 +2,7 @@
 complete checkpoint with the uninterrupted run's losses, partial checkpoints are set aside (never deleted), a
 finished run trains nothing, and a full or read-only disk ends in one line naming the path."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,9 +20,10 @@ from scalevec import atomic, quickstart
 from scalevec.atomic import remove_folder, rename_noreplace
 from scalevec.convert import OutputOptions, export_checkpoint
 from scalevec.convert.card import card_writer
-from scalevec.run_records import duration_text
+from scalevec.run_records import RUN_CLOCK, duration_text
 from scalevec.train.cli import main
 from scalevec.train.resume import inspect_checkpoint
+from scalevec.train.run_lock import LOCK_NAME, holding_output_dir
 
 from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, mounted_tmpfs, record_fsyncs, train_argv
 
@@ -197,7 +199,7 @@ def test_a_run_killed_during_a_save_resumes_as_if_never_stopped(straight, tmp_pa
 def recorded_clock(folder: Path) -> dict:
     """The run's clock as `folder/trainer_state.json` (a checkpoint's or a finished run's) recorded it."""
     state = json.loads((folder / "trainer_state.json").read_text())
-    return state["stateful_callbacks"]["ThroughputCallback"]["attributes"]["recorded_clock"]
+    return state["stateful_callbacks"][RUN_CLOCK]["attributes"]["recorded_clock"]
 
 
 def test_a_run_resumed_twice_reports_the_whole_run(tmp_path, capsys):
@@ -361,3 +363,36 @@ def test_remove_folder_leaves_no_half_checkpoint(tmp_path):
     (tmp_path / ".checkpoint-4.deleting").mkdir()  # left by a process killed while deleting
     remove_folder(folder)
     assert names_in(tmp_path) == []
+
+
+HOLD_AND_FORK = """
+import multiprocessing, sys, time
+from pathlib import Path
+from scalevec.train.run_lock import holding_output_dir
+with holding_output_dir(Path(sys.argv[1])):
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,))  # as a DataLoader's
+    worker.start()
+    print(worker.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_the_run_lock_ends_with_the_runs_process_not_with_its_forked_workers(tmp_path):
+    """A run killed with SIGKILL while a forked worker of its DataLoader lives on: the next run takes the folder at
+    once (a preemption wrapper restarts straight away), not when the orphaned worker notices and exits."""
+    run = subprocess.Popen(
+        [sys.executable, "-c", HOLD_AND_FORK, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **SUBPROCESS_ENV},
+    )
+    worker = int(run.stdout.readline())
+    try:
+        run.kill()
+        run.wait(timeout=60)
+        os.kill(worker, 0)  # the worker is still there, holding its copy of the run's descriptors
+        with holding_output_dir(tmp_path):
+            assert (tmp_path / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)

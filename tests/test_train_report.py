@@ -12,8 +12,10 @@ import pytest
 from scalevec import ScaleVecForCausalLM
 from scalevec.convert import OutputOptions, export_checkpoint
 from scalevec.convert.card import card_writer
+from scalevec.run_records import TRAINING_DATA, EvaluationRecord
 from scalevec.train.cli import main
 from scalevec.train.diagnostics import READING, run_figure, scale_statistics
+from scalevec.train.report import pace
 from scalevec.train.throughput import model_flops_per_token
 
 from ._helpers import log_history, randomize_scales, tiny_config, train_argv
@@ -56,12 +58,30 @@ def test_the_plan_states_model_tokens_data_and_device(run):
     embeddings = model.get_input_embeddings().weight.numel() + model.get_output_embeddings().weight.numel()
     assert f": {total:,} parameters, {total - embeddings:,} without embeddings," in plan
     assert "4 blocks × 32 tokens × 1 process × 1 accumulation step = 128 tokens per optimizer step" in plan
-    assert f"6 steps = 768 tokens = {768 / total:.2f} tokens per parameter" in plan
+    assert f"6 steps = 768 tokens = {768 / total:.2f} tokens per parameter " in plan
+    # Chinchilla's ratio counts all parameters; the study's grid counts non-embedding ones: the plan names both N.
+    assert f"({768 / (total - embeddings):.2f} per non-embedding parameter; Chinchilla's" in plan
     record = json.loads((output / "training_data.json").read_text())
     source = record["sources"][0]
-    assert f"data         the embedded corpus: {source['documents']:,} documents, {source['tokens']:,} tokens" in plan
+    assert (
+        f"data         the embedded default corpus: {source['documents']:,} documents, {source['tokens']:,} tokens"
+        in plan
+    )
     assert "checkpoints  none (--save-strategy no)" in plan
     assert f"MFU against {PEAK / 1e12:g} TFLOP/s per device" in plan and "device       1 × CPU (" in plan
+
+
+def test_the_run_estimates_its_time_from_its_first_logged_steps(run):
+    _, printed = run
+    line = re.search(
+        r"\npace +steps 3 to 4 took ([\d.]+) s: the 2 steps left take about ([\d.]+) s more at that pace", printed
+    )
+    assert line and float(line.group(2)) == pytest.approx(float(line.group(1)), abs=0.11)  # 2 steps timed, 2 left
+    assert printed.index("== scalevec-train: the plan ==") < line.start() < printed.index("== scalevec-train: done")
+    assert pace(90.0, 10, 40, 1000) == (
+        "pace         steps 11 to 40 took 1.5 min: the 960 steps left take about 48.0 min more at that pace "
+        "(evaluations and saves come on top)"
+    )
 
 
 def test_the_end_of_run_block_holds_what_all_results_holds(run):
@@ -88,6 +108,22 @@ def test_the_end_of_run_block_holds_what_all_results_holds(run):
     assert "model.safetensors" in done and "run_summary.json" in done
 
 
+def test_the_evaluation_record_is_read_in_one_place_and_written_back_unchanged(run):
+    output, printed = run
+    recorded = json.loads((output / TRAINING_DATA).read_text())
+    evaluation = EvaluationRecord.read(recorded)
+    assert evaluation.to_record() == recorded["eval"]
+    assert list(evaluation.to_record()) == list(recorded["eval"])  # the same keys in the same order: the same file
+    assert evaluation.evaluated_tokens == evaluation.evaluated_blocks * 32 and len(evaluation.sets) == 1
+    assert EvaluationRecord.read({"eval": {"name": "x", "blocks": 0, "tokens": 9}}).sets == []  # nothing evaluated
+    assert EvaluationRecord.read({"eval": {"name": "x", "what": 1}}) is None  # another version's: said nothing of
+    # The plan and the end block say which of the three counts each is: held out, read, predicted.
+    predicted = evaluation.evaluated_tokens - evaluation.evaluated_blocks
+    assert f"each evaluation reads {evaluation.evaluated_tokens:,} tokens (" in printed
+    assert f"and predicts {predicted:,} of them (all but each block's first)" in printed
+    assert f"{predicted:,} tokens predicted" in printed[printed.index("== scalevec-train: done ==") :]
+
+
 def model_flops(output) -> float:
     return model_flops_per_token(ScaleVecForCausalLM.from_pretrained(output).config, 32)
 
@@ -99,9 +135,15 @@ def test_a_card_is_titled_by_name_and_names_its_data_and_hardware(run, tmp_path)
     title = re.search(r"\n# (.+)\n", card).group(1)
     assert title.startswith("ScaleVec unified dense language model, ") and title.endswith(" M parameters")
     assert "llama" not in title and "run" not in title
-    assert "| `the embedded corpus` |" in card and "tokenizer the embedded byte-level BPE (4,096 tokens)" in card
+    assert (
+        "| `the embedded default corpus` |" in card and "tokenizer the embedded byte-level BPE (4,096 tokens)" in card
+    )
     assert re.search(r"\| training wall time \| [\d.]+ s on 1 × CPU \(.+, \d+ threads\) \(fp32\) \|", card)
     assert "| throughput |" in card and "model FLOPs utilisation" in card
+    # A count of tokens as a whole number, saying which ones; other figures to 4 decimals.
+    predicted = json.loads((output / "all_results.json").read_text())["eval_tokens"]
+    assert f"| eval tokens | {predicted:,} predicted (every token of the blocks read but each block's first) |" in card
+    assert re.search(r"\| eval loss \| \d+\.\d{4} \|", card)
     named = card_writer(output, repo_id="someone/tiny", model_name="Tiny ScaleVec")
     export_checkpoint(output, tmp_path / "named", "llama", OutputOptions(before_commit=named))
     assert "\n# Tiny ScaleVec\n" in (tmp_path / "named" / "README.md").read_text()

@@ -19,11 +19,13 @@ from ..run_records import (
     RUN_PICTURE,
     TASK_FIGURES,
     TASKS_MEAN,
+    EvaluationRecord,
     RunRecords,
     duration_text,
     is_task_metric,
     logged_entries,
     loss_coverage,
+    part_note,
     read_json,
     read_run_records,
     segments_text,
@@ -34,6 +36,7 @@ from .errors import CheckpointError
 from .heads import CAUSAL_LM, Head, head_of
 from .meta_model import num_parameters, scale_parameters
 from .pipeline import BeforeCommit, ConversionResult
+from .task_results import evaluation_section, task_model_index, write_eval_result_files
 
 TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
 TRAINING_ARGUMENTS = {  # training_args.json field -> card label
@@ -63,18 +66,21 @@ def write_model_card(
     license: str = "apache-2.0",
     repo_id: str | None = None,
     model_name: str | None = None,
+    task_results: dict | None = None,
 ) -> Path:
     """Write `folder/README.md` for a checkpoint exported as `export_target` ("scalevec" or a stock architecture
     such as "llama") from the ScaleVec model configured by `source_config` (as trained, before folding), and
     return its path. `run_dir` is the Trainer output folder whose records fill the training section; `base_model`
     the repo an import started from; `datasets` the Hub ids trained on; `repo_id` goes into the loading snippet and
     names the model unless `model_name` does (default: the model's kind and size, never a folder's name);
-    `picture` is copied into `folder` and shown on the card."""
+    `picture` is copied into `folder` and shown on the card; `task_results`, a `scalevec-eval` results file as
+    `read_task_results` reads it, adds the downstream tasks and the quantization differences to the card and its
+    `model-index`, and the Hub's `.eval_results/` files beside it."""
     folder = Path(folder)
     head = head_of(read_json(folder / "config.json") or {}, folder / "config.json")
     records = read_run_records(run_dir) if run_dir is not None else RunRecords()
     model_name = model_name or repo_id or _default_title(source_config, head)
-    eval_results = _eval_results(records.eval_metrics, datasets)
+    eval_results = _eval_results(records.eval_metrics, datasets) + task_model_index(task_results or {})
     card_data = ModelCardData(
         model_name=model_name if eval_results else None,  # the model-index needs it; otherwise it is noise
         library_name="transformers",
@@ -100,17 +106,22 @@ def write_model_card(
         load_note=load_note,
         load_snippet=load_snippet,
         folding_summary=folding_summary or "No record of the conversion came with this card.",
+        **evaluation_section(task_results or {}),
     )
+    write_eval_result_files(folder, task_results or {}, repo_id)
     readme = folder / "README.md"
     write_text_atomically(readme, str(card))
     return readme
 
 
-def card_writer(source: str | Path, repo_id: str | None = None, model_name: str | None = None) -> BeforeCommit:
+def card_writer(
+    source: str | Path, repo_id: str | None = None, model_name: str | None = None, task_results: dict | None = None
+) -> BeforeCommit:
     """The `before_commit` hook of an export from `source` that writes the card into the staged output: the run's
     records and picture (`scale_vectors.png`, as `scalevec-train` writes it) are read from `source`, so an export
     straight from a training folder gets the full card and any other export the minimal one. The card is titled
-    `model_name`, else `repo_id`, else by the model's kind and size."""
+    `model_name`, else `repo_id`, else by the model's kind and size; `task_results` (a `scalevec-eval` results file)
+    adds the downstream tasks and quantization differences."""
     source = Path(source)
 
     def write(folder: Path, result: ConversionResult) -> None:
@@ -124,6 +135,7 @@ def card_writer(source: str | Path, repo_id: str | None = None, model_name: str 
             picture=picture if picture.is_file() else None,
             repo_id=repo_id,
             model_name=model_name,
+            task_results=task_results,
         )
 
     return write
@@ -266,7 +278,7 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
             rows.append(("throughput", speed + _mfu(where)))
     for key, value in records.eval_metrics.items():
         if not is_task_metric(key):
-            rows.append((key.replace("_", " "), f"{value:.4f}"))
+            rows.append((key.replace("_", " "), _eval_value(key, value)))
     rows += _task_rows(records.eval_metrics)
     for key, label in TRAINING_ARGUMENTS.items():
         value = (records.training_args or {}).get(key)
@@ -289,6 +301,13 @@ def _task_figures(metrics: dict[str, float], name: str) -> str:
     return f"accuracy {acc:.4f}, length-normalised accuracy {acc_norm:.4f}, {bpb:.4f} bits per byte of the answer"
 
 
+def _eval_value(key: str, value: float) -> str:
+    """A recorded eval metric: a count of tokens as a whole number, saying which tokens; a figure to 4 decimals."""
+    if key.endswith("_tokens"):
+        return f"{round(value):,} predicted (every token of the blocks read but each block's first)"
+    return f"{value:.4f}"
+
+
 def _mfu(summary: dict) -> str:
     return f", model FLOPs utilisation {summary['mfu_percent']:.1f} %" if "mfu_percent" in summary else ""
 
@@ -299,11 +318,10 @@ def _data_note(data: dict | None) -> str | None:
     how = "streamed from its shards" if data.get("streaming") else "tokenised and packed once"
     masking = ", attention kept within each document" if data.get("document_masking") else ""
     note = f"Documents {how} into blocks of {data['seq_len']} tokens, tokenizer {data['tokenizer']}{masking}."
-    held_out = data.get("eval")
-    if held_out:
-        note += f" Evaluation: {held_out['name']}, {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks)"
-        if "evaluated_tokens" in held_out and held_out["evaluated_blocks"] < held_out["blocks"]:
-            note += f", of which each evaluation read a fixed subset of {held_out['evaluated_tokens']:,} tokens"
+    if held_out := EvaluationRecord.read(data):
+        note += f" Evaluation: {held_out.name}, {held_out.tokens:,} tokens ({held_out.blocks:,} blocks)"
+        if 0 < held_out.evaluated_blocks < held_out.blocks:
+            note += f", of which each evaluation read a fixed subset of {held_out.evaluated_tokens:,} tokens"
         note += "."
     return note
 
@@ -321,7 +339,8 @@ def _data_rows(data: dict | None, tokens_seen: int | None) -> list[tuple[str, st
             share = f"{100 * source['share']:.1f} %"
             if tokens_seen and source["tokens"]:
                 share += f" ({source['share'] * tokens_seen / source['tokens']:.3g} passes over it)"
-        rows.append((f"`{source['name']}`", *size, share))
+        part = f" ({part_note(source['shard'])})" if "shard" in source else ""
+        rows.append((f"`{source['name']}`{part}", *size, share))
     return rows
 
 

@@ -49,10 +49,15 @@ class Checkpoint:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        if not self.path.is_dir():
-            raise CheckpointError(f"{self.path} is not a checkpoint folder")
-        self.config = _read_json(self.path / "config.json")
-        self.tensors = _index_tensors(self.path)
+        try:
+            if not self.path.is_dir():
+                raise CheckpointError(f"{self.path} is not a checkpoint folder")
+            self.config = _read_json(self.path / "config.json")
+            self.tensors = _index_tensors(self.path)
+        except (CheckpointError, OSError):
+            if (gone := _removed_by_rotation(self.path)) is not None:  # before or while it was read
+                raise CheckpointError(gone) from None
+            raise
 
     @property
     def model_type(self) -> str:
@@ -93,6 +98,20 @@ class Checkpoint:
                 raise CheckpointError(
                     f"tensor {name} in {info.file} has shape {list(info.shape)}; {what} needs {list(shape)}"
                 )
+
+
+def _removed_by_rotation(path: Path) -> str | None:
+    """Where `path`, a missing `checkpoint-<step>` of a run folder that is there, was most likely removed by the run
+    (a Trainer keeps only its newest checkpoints, `save_total_limit`): that, and what the run holds now."""
+    name, parent = path.name, path.parent
+    if path.exists() or not (name.startswith("checkpoint-") and name[11:].isdigit()) or not parent.is_dir():
+        return None
+    steps = sorted(int(p.name[11:]) for p in parent.glob("checkpoint-*") if p.name[11:].isdigit() and p.is_dir())
+    holds = ", ".join(f"checkpoint-{step}" for step in steps) or "no checkpoint"
+    return (
+        f"{path} no longer exists: the run in {parent} holds {holds} now (a run keeps only its newest checkpoints, "
+        "--save-total-limit, and removes the older ones as it saves)"
+    )
 
 
 def _some(names: list[str], limit: int = 6) -> str:

@@ -30,6 +30,7 @@ from .pipeline import (
     import_checkpoint,
 )
 from .push import PushError, add_push_arguments, push_folder, run_push
+from .task_results import read_task_results
 from .verify import compare_checkpoints
 
 VERIFY_HELP = (
@@ -78,6 +79,20 @@ def add_publishing_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
     parser.add_argument("--revision", help="with --push-to-hub: branch to push to (default main)")
+    parser.add_argument(
+        "--eval-results",
+        metavar="FILE",
+        type=_task_results,
+        help="a `scalevec-eval --output` results file: the card gets its task table and quantization differences, "
+        "and DST the Hub's .eval_results/ files",
+    )
+
+
+def _task_results(path: str) -> dict:
+    try:
+        return read_task_results(path)
+    except ValueError as error:  # argparse keeps the message of this error only
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_atol(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +106,7 @@ def add_atol(parser: argparse.ArgumentParser) -> None:
 
 def output_options(args: argparse.Namespace) -> OutputOptions:
     writes_card = getattr(args, "model_card", False)
-    card = card_writer(args.source, args.push_to_hub, args.model_name) if writes_card else None
+    card = card_writer(args.source, args.push_to_hub, args.model_name, args.eval_results) if writes_card else None
     return OutputOptions(
         dtype=args.dtype,
         max_shard_size=args.max_shard_size,

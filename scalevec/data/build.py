@@ -15,6 +15,7 @@ import datasets
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from ..run_records import EvaluationRecord, HeldOutSetRecord
 from .checks import prepared_tokenizer, verify
 from .corpus import cache_dir, default_corpus_file, default_tokenizer
 from .held_out import (
@@ -28,6 +29,8 @@ from .held_out import (
 from .mixture import WeightedMixture
 from .preparation import prepare
 from .prepared import (
+    DEFAULT_EVAL_EVERY,
+    DEFAULT_MAX_EVAL_DOCUMENTS,
     METADATA,
     PreparedBlocks,
     PreparedMetadata,
@@ -37,13 +40,15 @@ from .prepared import (
     looks_prepared,
     tokenizer_fingerprint,
 )
-from .sources import DataError, Source, find_source, is_missing_path
+from .sources import DataError, Source, find_source, is_missing_path, names_a_local_path
 from .streaming import streamed_blocks
 
 DEFAULT_SEQ_LEN = 256
-DEFAULT_EVAL_EVERY = 20
-EMBEDDED = "the embedded corpus"
+EMBEDDED = "the embedded default corpus"  # the data without --dataset: CPython's documentation and docstrings
 EMBEDDED_TOKENIZER = "the embedded byte-level BPE"
+COMBINE_COMMAND = (
+    "scalevec-data combine PART... --output FOLDER"  # joins the parts of a preparation split with --shard
+)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
@@ -53,7 +58,8 @@ class DataArguments:
         default=None,
         metadata={
             "help": "Comma-separated training data: prepared folders (scalevec-data prepare), text/jsonl/json/"
-            "parquet files or folders (prepared into a cache once), or Hub dataset ids. Default: the embedded corpus."
+            "parquet files or folders (prepared into a cache once), or Hub dataset ids. Default: the embedded "
+            "default corpus (CPython's documentation and docstrings)."
         },
     )
     dataset_weights: str | None = field(
@@ -67,11 +73,11 @@ class DataArguments:
     )
     tokenizer: str | None = field(
         default=None,
-        metadata={"help": "Tokenizer folder or Hub id. Default: a prepared --dataset's own, else the embedded BPE."},
+        metadata={"help": "Tokenizer folder or Hub id. Default: a prepared folder's own, else the embedded BPE."},
     )
     seq_len: int | None = field(
         default=None,
-        metadata={"help": f"Tokens per training block. Default: a prepared --dataset's, else {DEFAULT_SEQ_LEN}."},
+        metadata={"help": f"Tokens per training block. Default: a prepared folder's, else {DEFAULT_SEQ_LEN}."},
     )
     streaming: bool = field(
         default=False, metadata={"help": "Stream raw --dataset sources instead of preparing them (too large)."}
@@ -84,7 +90,10 @@ class DataArguments:
         },
     )
     max_documents: int | None = field(default=None, metadata={"help": "Use only the first n documents."})
-    max_eval_documents: int = field(default=2000, metadata={"help": "At most this many held-out documents."})
+    max_eval_documents: int = field(
+        default=DEFAULT_MAX_EVAL_DOCUMENTS,
+        metadata={"help": f"At most this many held-out documents (default {DEFAULT_MAX_EVAL_DOCUMENTS:,})."},
+    )
     max_eval_tokens: str = field(
         default=str(DEFAULT_EVAL_TOKENS),
         metadata={
@@ -224,7 +233,7 @@ def _named_tokenizer(name: str) -> PreTrainedTokenizerBase:
     path = Path(name).expanduser()
     if path.is_dir() and not any((path / file).is_file() for file in _TOKENIZER_FILES):
         raise DataError(f"--tokenizer {name}: not a tokenizer folder (none of {', '.join(_TOKENIZER_FILES)})")
-    if not path.exists() and (name.startswith((".", "/", "~")) or path.is_file()):
+    if not path.exists() and names_a_local_path(name):
         raise DataError(f"--tokenizer {name}: no such folder")
     if path.is_file():
         raise DataError(f"--tokenizer {name}: a file; give the folder that holds the tokenizer")
@@ -357,28 +366,27 @@ class _Builder:
         infos = [held_out.blocks.metadata.splits[split] for held_out in sets]
         blocks, tokens = sum(info.blocks for info in infos), sum(info.tokens + info.dropped_tokens for info in infos)
         name = self.args.eval_dataset or "documents held out of the training data"
-        record = {"name": name, "blocks": blocks, "tokens": tokens}
+        record = EvaluationRecord(name, blocks, tokens)
         if blocks == 0:
             self.warnings.append(
                 f"no evaluation: the held-out data ({tokens} tokens) holds no complete block of --seq-len "
                 f"{self.seq_len} tokens (hold out more with --eval-every / --max-eval-documents)"
             )
-            return None, record
+            return None, record.to_record()
         chosen = evaluation_sets(sets, self.seq_len, self.args.eval_token_budget())
-        record["evaluated_blocks"] = sum(len(subset) for subset in chosen.values())
-        record["evaluated_tokens"] = record["evaluated_blocks"] * self.seq_len
-        # Enough to find the evaluated blocks again: `evaluation_blocks(blocks, evaluated_blocks)` of each split.
-        record["sets"] = [
-            {
-                "name": held_out.name,
-                "folder": str(held_out.blocks.folder),
-                "split": split,
-                "blocks": len(held_out.blocks),
-                "evaluated_blocks": len(chosen.get(held_out.name, ())),
-            }
+        record.evaluated_blocks = sum(len(subset) for subset in chosen.values())
+        record.evaluated_tokens = record.evaluated_blocks * self.seq_len
+        record.sets = [
+            HeldOutSetRecord(
+                held_out.name,
+                str(held_out.blocks.folder),
+                split,
+                len(held_out.blocks),
+                len(chosen.get(held_out.name, ())),
+            )
             for held_out in sets
         ]
-        return (chosen if len(sets) > 1 else next(iter(chosen.values()))), record
+        return (chosen if len(sets) > 1 else next(iter(chosen.values()))), record.to_record()
 
     def _prepared_folder(self, entry: str, options: PrepareOptions) -> Path:
         if is_prepared(entry):
@@ -427,7 +435,7 @@ class _Builder:
 
     def _describe(self, entry: str, folder: Path, blocks: PreparedBlocks) -> dict:
         info = blocks.metadata.splits["train"]
-        return {
+        described = {
             "name": self._label(entry),
             "kind": "prepared",
             "folder": str(folder),
@@ -435,6 +443,14 @@ class _Builder:
             "tokens": info.tokens,
             "blocks": info.blocks,
         }
+        if blocks.metadata.shard:  # one part of a preparation split across machines: rarely what was meant
+            index, count = blocks.metadata.shard
+            described["shard"] = [index, count]
+            self.warnings.append(
+                f"--dataset {entry} is part {index}/{count} of a preparation split with --shard: this run trains "
+                f"on that part alone; join the parts first with `{COMBINE_COMMAND}`"
+            )
+        return described
 
     def _tokenizer_label(self) -> str:
         """The tokenizer's name for people: as given, or as recorded by the prepared folder it came from, the

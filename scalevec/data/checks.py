@@ -20,8 +20,10 @@ from .prepared import (
     TOKENIZER_FOLDER,
     PreparedMetadata,
     size_problem,
+    split_file,
     tokenizer_fingerprint,
 )
+from .resumable import unfinished_preparation
 from .sources import DataError, first_line
 
 _SCAN_TOKENS = 1 << 24  # token ids read at a time
@@ -30,6 +32,8 @@ _SCAN_TOKENS = 1 << 24  # token ids read at a time
 def problems(folder: Path, scan_ids: bool = True, tokenizer: bool = True) -> list[str]:
     """One line per problem of the prepared `folder` (none: it is usable). Without `scan_ids` the token ids are
     not read; without `tokenizer` the tokenizer is not loaded."""
+    if not folder.is_dir():
+        return [unfinished_preparation(folder) or f"{folder}: no such folder"]
     try:
         metadata = PreparedMetadata.read(folder)
     except DataError as error:
@@ -37,7 +41,7 @@ def problems(folder: Path, scan_ids: bool = True, tokenizer: bool = True) -> lis
     found = []
     itemsize = np.dtype(metadata.dtype).itemsize
     for name, info in metadata.splits.items():
-        path = folder / f"{name}.bin"
+        path = split_file(folder, name)
         problem = size_problem(path, info.tokens * itemsize, f"{info.blocks:,} blocks")
         if problem is None and scan_ids:
             problem = id_problem(path, metadata)
@@ -100,7 +104,7 @@ def verify(folder: Path) -> None:
     if not found:
         metadata = PreparedMetadata.read(folder)
         for split in metadata.splits:
-            path = folder / f"{split}.bin"
+            path = split_file(folder, split)
             stamp = _scanned_stamp(path)
             if not stamp.exists():
                 found += filter(None, [id_problem(path, metadata)])

@@ -11,36 +11,39 @@ Split across n machines: `prepare ... --output parts/web-i --shard i/n` on machi
 import argparse
 import contextlib
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
+from typing import get_args
 
 from ..atomic import exit_status
-from .build import DEFAULT_EVAL_EVERY, DEFAULT_SEQ_LEN, DataArguments, load_tokenizer
+from ..shards import parse_shard
+from .build import DataArguments, load_tokenizer
 from .checks import problems
 from .preparation import combine, prepare
 from .prepared import PreparedMetadata, PrepareOptions
 from .sources import DataError, find_source
 
+# The flags `prepare` shares with scalevec-train: declared once, in DataArguments, with their defaults and help.
+PREPARE_FLAGS = (
+    "tokenizer",
+    "seq_len",
+    "text_column",
+    "dataset_config",
+    "eval_every",
+    "max_eval_documents",
+    "max_documents",
+    "num_proc",
+)
+
 
 def _prepare(args: argparse.Namespace) -> None:
     # DataArguments checks the values as scalevec-train does, and finds the tokenizer as it does.
-    data = DataArguments(
-        dataset=",".join(args.sources),
-        tokenizer=args.tokenizer,
-        seq_len=args.seq_len,
-        text_column=args.text_column,
-        dataset_config=args.dataset_config,
-        eval_every=args.eval_every,
-        max_eval_documents=args.max_eval_documents,
-        max_documents=args.max_documents,
-        num_proc=args.num_proc,
-    )
+    data = DataArguments(dataset=",".join(args.sources), **{name: getattr(args, name) for name in PREPARE_FLAGS})
+    shard = parse_shard(args.shard) if args.shard is not None else None
     tokenizer = load_tokenizer(data)
-    sources = [find_source(name, args.text_column, args.dataset_config) for name in data.entries()]
-    options = PrepareOptions(args.seq_len, args.eval_every, args.max_eval_documents, args.max_documents)
-    metadata = prepare(
-        sources, tokenizer, options, args.output, args.num_proc, progress=not args.quiet, shard=args.shard
-    )
+    sources = [find_source(name, data.text_column, data.dataset_config) for name in data.entries()]
+    options = PrepareOptions(data.resolved_seq_len(), data.held_out_every, data.max_eval_documents, data.max_documents)
+    metadata = prepare(sources, tokenizer, options, args.output, data.num_proc, progress=not args.quiet, shard=shard)
     print(f"prepared {args.output}")
     _describe(metadata)
 
@@ -80,11 +83,13 @@ def _info(args: argparse.Namespace) -> None:
     print(f"  checked: file sizes, {scanned}, held-out digests, tokenizer")
 
 
-def _shard(text: str) -> tuple[int, int]:
-    index, _, count = text.partition("/")
-    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
-        raise argparse.ArgumentTypeError(f"{text!r} is not i/n with 0 <= i < n (part i of n, e.g. 0/4)")
-    return int(index), int(count)
+def _add_data_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """The `DataArguments` fields `names` as flags, with their types, defaults and help."""
+    for spec in fields(DataArguments):
+        if spec.name in names:
+            kind = next(arg for arg in get_args(spec.type) or (spec.type,) if arg is not type(None))
+            flag = f"--{spec.name.replace('_', '-')}"
+            parser.add_argument(flag, type=kind, default=spec.default, help=spec.metadata["help"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,17 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     prep = commands.add_parser("prepare", help="tokenise and pack sources into a prepared folder")
     prep.add_argument("sources", nargs="+", help="text/jsonl/json/parquet files or folders, or Hub dataset ids")
     prep.add_argument("--output", required=True, help="the prepared folder to create (must not exist)")
-    prep.add_argument("--tokenizer", help="tokenizer folder or Hub id (default: the embedded BPE)")
-    prep.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"default {DEFAULT_SEQ_LEN}")
-    prep.add_argument("--text-column", default="text")
-    prep.add_argument("--dataset-config", help="configuration name of a Hub dataset")
-    prep.add_argument("--eval-every", type=int, default=DEFAULT_EVAL_EVERY, help="hold out every n-th document")
-    prep.add_argument("--max-eval-documents", type=int, default=2000)
-    prep.add_argument("--max-documents", type=int)
-    prep.add_argument("--num-proc", type=int, default=1, help="tokenising processes (default 1, on every core)")
-    prep.add_argument(
-        "--shard", type=_shard, help="i/n: prepare part i of n (a range of the files), for `combine` to join"
-    )
+    _add_data_flags(prep, PREPARE_FLAGS)
+    prep.add_argument("--shard", help="I/N: prepare part I of N (a range of the files), for `combine` to join")
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
     prep.set_defaults(run=_prepare)
     join = commands.add_parser("combine", help="join the parts of a preparation split with --shard")

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Subset
 
+from ..run_records import EvaluationRecord
 from .mixture import places
 from .prepared import PreparedBlocks
 from .sampler import evaluation_blocks
@@ -89,14 +90,17 @@ def evaluation_halves(blocks: torch.utils.data.Dataset) -> tuple[Subset, Subset]
     return Subset(blocks, range(0, len(blocks), 2)), Subset(blocks, range(1, len(blocks), 2))
 
 
-def recorded_evaluation(eval_record: dict) -> dict[str, Subset]:
-    """The blocks each evaluation of a run read, from what it recorded (`training_data.json`'s "eval")."""
+def recorded_evaluation(evaluation: EvaluationRecord | dict) -> dict[str, Subset]:
+    """The blocks each evaluation of a run read, from what it recorded (`EvaluationRecord`, or `training_data.json`'s
+    "eval" entry)."""
+    if isinstance(evaluation, dict):
+        evaluation = EvaluationRecord.read({"eval": evaluation})
     return {
-        held_out["name"]: Subset(
-            PreparedBlocks(held_out["folder"], held_out["split"]),
-            evaluation_blocks(held_out["blocks"], held_out["evaluated_blocks"]),
+        held_out.name: Subset(
+            PreparedBlocks(held_out.folder, held_out.split),
+            evaluation_blocks(held_out.blocks, held_out.evaluated_blocks),
         )
-        for held_out in eval_record["sets"]
+        for held_out in evaluation.sets
     }
 
 

@@ -36,6 +36,8 @@ TAIL = "train_tail.bin"
 FORMAT = "scalevec-prepared-blocks"
 FORMAT_VERSION = 1
 DTYPES = ("uint16", "uint32")
+DEFAULT_EVAL_EVERY = 20  # every n-th document held out
+DEFAULT_MAX_EVAL_DOCUMENTS = 2000
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ class PrepareOptions:
     """What decides the content of a prepared folder (besides the sources and the tokenizer)."""
 
     seq_len: int
-    eval_every: int = 20
-    max_eval_documents: int = 2000
+    eval_every: int = DEFAULT_EVAL_EVERY
+    max_eval_documents: int = DEFAULT_MAX_EVAL_DOCUMENTS
     max_documents: int | None = None
 
 
@@ -119,13 +121,18 @@ class PreparedMetadata:
         return None
 
 
+def split_file(folder: str | Path, split: str) -> Path:
+    """The file of a prepared folder that holds the blocks of `split` ("train" or "eval")."""
+    return Path(folder) / f"{split}.bin"
+
+
 def is_prepared(path: str | Path) -> bool:
     return (Path(path) / METADATA).is_file()
 
 
 def looks_prepared(path: str | Path) -> bool:
     """A folder holding what a preparation writes, with or without its description."""
-    return (Path(path) / "train.bin").is_file() or (Path(path) / HELD_OUT_DIGESTS).is_file()
+    return split_file(path, "train").is_file() or (Path(path) / HELD_OUT_DIGESTS).is_file()
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -166,7 +173,7 @@ class PreparedBlocks(torch.utils.data.Dataset):
         if split not in self.metadata.splits:
             raise DataError(f"{self.folder}: holds no {split!r} split")
         self.split = split
-        self.path = self.folder / f"{split}.bin"
+        self.path = split_file(self.folder, split)
         self.dtype = np.dtype(self.metadata.dtype)
         self.seq_len = self.metadata.seq_len
         self.block_bytes = self.seq_len * self.dtype.itemsize

@@ -26,6 +26,24 @@ def staging_folder(destination: Path) -> Path:
     return destination.with_name(f".{destination.name}.staging")
 
 
+def unfinished_preparation(destination: Path) -> str | None:
+    """What a preparation into `destination` that has not finished left beside it, in words; None if nothing."""
+    path = staging_folder(destination)
+    if not path.is_dir():
+        return None
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return f"{destination}: not prepared yet: another process is preparing it now (in {path})"
+    finally:
+        os.close(descriptor)
+    return (
+        f"{destination}: not prepared yet: a preparation into it was interrupted, and what it had done is in "
+        f"{path}; run the same `scalevec-data prepare ... --output {destination}` again and it continues from there"
+    )
+
+
 class Staging:
     """A held staging folder: `path` to write into, `progress` saved by an earlier try with the same key (or
     None), `save` to save progress, `commit` to rename it into place, `discard` to remove it."""

@@ -90,7 +90,17 @@ def is_missing_path(name: str) -> bool:
     path = Path(name).expanduser()
     if path.exists():
         return False
-    return name.startswith((".", "/", "~")) or _format_of(path) is not None or not _HUB_ID.match(name)
+    return names_a_local_path(name) or _format_of(path) is not None
+
+
+def names_a_local_path(name: str) -> bool:
+    """True when `name` can only mean a local file or folder, not a Hub id (a dataset's or a tokenizer's): it starts
+    with `.`, `/` or `~`, it is not spelled as a Hub id (`name` or `owner/name`), or its first part is a folder here
+    (`data/nothere` beside a folder `data`), which no Hub owner's name is read as. Said at once, where the Hub would
+    be asked, and retried, for a repository that is not there."""
+    owner, separator, _ = name.partition("/")
+    in_local_folder = bool(separator) and Path(owner).expanduser().is_dir()
+    return name.startswith((".", "/", "~")) or not _HUB_ID.match(name) or in_local_folder
 
 
 def _format_of(path: Path) -> str | None:

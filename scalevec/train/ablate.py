@@ -36,9 +36,11 @@ from ..configuration_scalevec import SCALE_FIELDS
 from ..data import DataArguments
 from ..data.held_out import set_names
 from ..run_records import TASK_FIGURES, TASKS_MEAN, read_json
+from ..shards import parse_shard
 from .branches import plan_budgets, unfinished_budgets
 from .cli import ModelArguments, _check_output_dir, _config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
+from .report import tokens_per_step
 from .study.grid import Grid, GridPoint, build_sizes
 from .study.metric import LOSS, check_logged, metric_name
 from .study.records import (
@@ -148,14 +150,7 @@ class AblationArguments:
         return rates
 
     def shard_index(self) -> tuple[int, int]:
-        if self.shard is None:
-            return 0, 1
-        index, _, count = self.shard.partition("/")
-        if not (index.strip().isdigit() and count.strip().isdigit() and int(index) < int(count)):
-            raise ValueError(
-                f"--shard {self.shard!r}: give I/N with 0 <= I < N (I counts from 0, as Slurm array task ids)"
-            )
-        return int(index), int(count)
+        return (0, 1) if self.shard is None else parse_shard(self.shard)
 
 
 def _items(text: str) -> list[str]:
@@ -177,16 +172,9 @@ def build_grid(
         raise ValueError(f"--tokens-per-parameter must be > 0; got {per_parameter}")
     if per_parameter is not None and training_args.max_steps > 0:
         raise ValueError("--tokens-per-parameter sets each size's --max-steps: give one of the two")
-    tokens_per_step = (
-        training_args.per_device_train_batch_size
-        * training_args.gradient_accumulation_steps
-        * training_args.world_size
-        * data_args.resolved_seq_len()
-    )
+    per_step = tokens_per_step(training_args, data_args.resolved_seq_len())
     names = ablation.size_names(model_args.model_size)
-    sizes = build_sizes(
-        names, model_args.model_size, overrides, tokens_per_step, per_parameter, training_args.max_steps
-    )
+    sizes = build_sizes(names, model_args.model_size, overrides, per_step, per_parameter, training_args.max_steps)
     rates = ablation.learning_rate_list(training_args.learning_rate)
     return Grid(sizes, ablation.variant_names(), rates, ablation.seed_list(training_args.seed))
 

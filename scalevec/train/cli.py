@@ -43,7 +43,7 @@ from .branches import (
 )
 from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES, SIZE_RULE, size_fields
-from .report import describe_summary, plan, summary
+from .report import PaceCallback, describe_summary, plan, summary
 from .resume import (
     CheckpointContent,
     check_explicit_checkpoint,
@@ -210,10 +210,11 @@ def _train(
         print(plan(trainer.model, training_args, data, tasks, tokenizer), flush=True)
         if budgets := describe_budgets(training_args):
             print(budgets, flush=True)
+        trainer.add_callback(PaceCallback())
     metrics = _run(trainer, checkpoint)
     if data.eval is not None:
         metrics.update(_final_evaluation(trainer))
-    figures = summary(trainer, metrics)
+    figures = summary(trainer, metrics, data.seq_len)
     _save_result(trainer, metrics, data.record, figures)
     if training_args.should_log:
         written = sorted(path.name for path in output_dir.iterdir() if not path.name.startswith("."))

@@ -2,6 +2,8 @@
 
 import io
 from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,6 +47,92 @@ def extend_log(state, logs: dict, extra: dict[str, float]) -> None:
     logs.update(extra)
     if state.log_history and state.log_history[-1].get("step") == state.global_step:
         state.log_history[-1].update(extra)
+
+
+@dataclass
+class MomentSums:
+    """Sums of the first four powers of `x - shift` over every element seen, in float64, so that batches add up
+    and the kurtosis of all of them together comes out (the shift, the first batch's mean, keeps the sums exact)."""
+
+    shift: float | None = None
+    count: int = 0
+    powers: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+
+    def add(self, values: torch.Tensor, chunk: int = 1 << 22) -> None:
+        flat = values.detach().reshape(-1)
+        if self.shift is None:
+            self.shift = flat.float().mean().item()
+        sums = list(self.powers)
+        for start in range(0, flat.numel(), chunk):  # bounded float64 memory, whatever the batch
+            centred = flat[start : start + chunk].double() - self.shift
+            for power in range(4):
+                sums[power] += centred.pow(power + 1).sum().item()
+        self.count += flat.numel()
+        self.powers = tuple(sums)
+
+    def excess_kurtosis(self) -> float:
+        """E[(x - mean)^4] / Var(x)^2 - 3: 0 for a normal distribution, large where a few values dwarf the rest."""
+        n = self.count
+        mean, second, third, fourth = (total / n for total in self.powers)
+        variance = second - mean**2
+        central4 = fourth - 4 * mean * third + 6 * mean**2 * second - 3 * mean**4
+        return central4 / variance**2 - 3 if variance > 0 else float("nan")
+
+
+def activation_kurtosis(model: torch.nn.Module, batches: Iterable[dict]) -> dict[str, dict[int, float]]:
+    """`{site: {layer: excess kurtosis}}` of the activations of each decoder layer over `batches` (model inputs):
+    "residual", the residual stream a layer outputs, and "<path>.input" for the input of each linear map in it
+    (`self_attn.q_proj.input`; maps that read the same tensor, as q, k and v do, are counted once, under the first).
+    The kurtosis is excess kurtosis (Pearson's minus 3) over every element of the tensor, tokens and channels
+    together, as Outlier-Safe Pre-Training reports it: outlier channels, the ones that hurt quantization, raise it."""
+    sums: dict[str, dict[int, MomentSums]] = defaultdict(lambda: defaultdict(MomentSums))
+    handles, seen = [], {}
+    for index, layer in enumerate(_decoder_layers(model)):
+        handles.append(layer.register_forward_hook(_residual_hook(sums["residual"][index])))
+        for path, module in layer.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                handles.append(module.register_forward_pre_hook(_input_hook(sums, f"{path}.input", index, seen)))
+    try:
+        with torch.no_grad():
+            for inputs in batches:
+                seen.clear()
+                model(**inputs, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {site: {layer: sums.excess_kurtosis() for layer, sums in layers.items()} for site, layers in sums.items()}
+
+
+def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    model = _unwrap(model)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    if not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
+        raise ValueError(f"{type(model).__name__} has no list of decoder layers (`.layers`) to measure.")
+    return decoder.layers
+
+
+def _residual_hook(sums: MomentSums):
+    def hook(module, args, output):
+        sums.add(output[0] if isinstance(output, tuple) else output)
+
+    return hook
+
+
+def _input_hook(sums: dict, site: str, layer: int, seen: dict):
+    def hook(module, args):
+        if id(args[0]) not in seen:  # q, k and v (gate and up) read one tensor: measure it once
+            seen[id(args[0])] = args[0]  # held until the next batch, so that its id is not reused meanwhile
+            sums[site][layer].add(args[0])
+
+    return hook
+
+
+def kurtosis_log(kurtosis: dict[str, dict[int, float]]) -> dict[str, float]:
+    """Each layer's kurtosis under `scale/kurtosis/<site>/<layer>`, beside the scale statistics (and, like them,
+    kept out of the console's progress lines)."""
+    return {
+        f"scale/kurtosis/{site}/{layer}": value for site, layers in kurtosis.items() for layer, value in layers.items()
+    }
 
 
 class ScaleStatsCallback(TrainerCallback):

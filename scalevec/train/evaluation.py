@@ -119,6 +119,11 @@ class BlockEvaluation:
             sums += _batch_sums(logits, labels.to(self.device), token_bytes)
         return sums
 
+    def first_batch(self, blocks) -> dict:
+        """The model inputs (no labels) of the first `batch_size` blocks: the same batch on every process."""
+        inputs = self.collate(_read(blocks, list(range(min(self.batch_size, len(blocks))))))
+        return {key: value.to(self.device) for key, value in inputs.items() if key != "labels"}
+
 
 def _read(blocks, indices: list[int]) -> list:
     if hasattr(blocks, "__getitems__"):

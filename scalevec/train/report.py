@@ -4,25 +4,29 @@ logged) and, at its end, what happened (losses, evaluation, throughput, where ev
 
 import math
 import platform
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 
 from ..data import TrainingData
 from ..data.held_out import EVALUATION_HALVES
 from ..run_records import (
     TASK_FIGURES,
     TASKS_MEAN,
+    EvaluationRecord,
     duration_text,
     logged_entries,
     loss_coverage,
+    part_note,
     segments_text,
     whole_run,
 )
 from .task_scoring import request_tokens
 from .tasks import Task
-from .throughput import device_peak_flops
+from .throughput import model_flops_per_token, throughput_figures, training_peak_flops
 
 
 def hardware(args) -> str:
@@ -48,13 +52,8 @@ def _precision(args) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "tf32" if args.tf32 else "fp32"
 
 
-def peak_flops(args) -> float | None:
-    """The peak FLOP/s of one device that MFU is taken against: `--peak-flops`, else a known GPU's."""
-    dtype = torch.bfloat16 if args.bf16 or args.fp16 else torch.float32
-    return args.peak_flops or device_peak_flops(args.device, dtype, tf32=bool(args.tf32))
-
-
 def tokens_per_step(args, seq_len: int) -> int:
+    """Tokens per optimizer step: blocks per device x `seq_len` x processes x accumulation steps."""
     return args.per_device_train_batch_size * seq_len * args.world_size * args.gradient_accumulation_steps
 
 
@@ -87,6 +86,8 @@ def _data_line(source: dict) -> str:
     line += f" ({source['blocks']:,} blocks)"
     if "share" in source and source["share"] < 1:
         line += f", {100 * source['share']:.1f} % of the blocks"
+    if "shard" in source:
+        line += f"; only {part_note(source['shard'])}"
     return line
 
 
@@ -95,6 +96,7 @@ def plan(model: torch.nn.Module, args, data: TrainingData, tasks: Sequence[Task]
     total, without_embeddings, scales = parameter_counts(model)
     config = getattr(model, "get_base_model", lambda: model)().config
     per_step, steps = tokens_per_step(args, data.seq_len), planned_steps(args, data)
+    tokens = steps * per_step
     kind = f"MoE, {config.num_experts} experts, top-{config.num_experts_per_tok}" if config.num_experts else "dense"
     strategy = f"{config.scale_preset} ({config.norm_scale} / {config.linear_scale} / {config.scale_param})"
     lines = [
@@ -103,18 +105,17 @@ def plan(model: torch.nn.Module, args, data: TrainingData, tasks: Sequence[Task]
         f"batch        {_count(args.per_device_train_batch_size, 'block')} × {data.seq_len} tokens × "
         f"{_count(args.world_size, 'process')} × {_count(args.gradient_accumulation_steps, 'accumulation step')} = "
         f"{per_step:,} tokens per optimizer step",
-        f"length       {steps:,} steps = {steps * per_step:,} tokens = {steps * per_step / total:.2f} tokens per "
-        "parameter (Chinchilla's compute-optimal ratio is about 20)",
+        f"length       {steps:,} steps = {tokens:,} tokens = {tokens / total:.2f} tokens per parameter "
+        f"({tokens / without_embeddings:.2f} per non-embedding parameter; Chinchilla's compute-optimal ratio, about "
+        "20, counts all parameters)",
     ]
     lines += [f"data         {_data_line(source)}" for source in data.record["sources"]]
-    lines.append(f"held out     {_evaluation_line(args, data, steps * per_step)}")
+    lines.append(f"held out     {_evaluation_line(args, data, tokens)}")
     if tasks:
-        lines.append(
-            f"tasks        {_tasks_line(tasks, tokenizer, evaluations_planned(args, steps), steps * per_step)}"
-        )
+        lines.append(f"tasks        {_tasks_line(tasks, tokenizer, evaluations_planned(args, steps), tokens)}")
     saving = "none (--save-strategy no)" if args.save_strategy == "no" else _checkpoint_cadence(args)
     lines.append(f"checkpoints  {saving}")
-    peak = peak_flops(args)
+    peak = training_peak_flops(args)
     mfu = (
         f"MFU against {peak / 1e12:g} TFLOP/s per device" if peak else "no MFU (no known peak: --peak-flops sets one)"
     )
@@ -133,21 +134,21 @@ def evaluations_planned(args, steps: int) -> int:
 
 
 def _evaluation_line(args, data: TrainingData, train_tokens: int) -> str:
-    held_out = data.record.get("eval")
-    if not held_out or data.eval is None:
+    held_out = EvaluationRecord.read(data.record)
+    if held_out is None or data.eval is None:
         return "nothing: no evaluation"
-    evaluated, count = held_out["evaluated_tokens"], evaluations_planned(args, planned_steps(args, data))
-    subset = "all of it" if evaluated == held_out["blocks"] * data.seq_len else "a fixed subset"
-    sets = held_out["sets"]
-    counts = ", ".join(f"{held['name']} {held['evaluated_blocks']:,}" for held in sets)
-    per_set = f" ({counts})" if len(sets) > 1 else ""
+    evaluated, count = held_out.evaluated_tokens, evaluations_planned(args, planned_steps(args, data))
+    subset = "all of it" if evaluated == held_out.blocks * data.seq_len else "a fixed subset"
+    counts = ", ".join(f"{held.name} {held.evaluated_blocks:,}" for held in held_out.sets)
+    per_set = f" ({counts})" if len(held_out.sets) > 1 else ""
     when = f"{_count(count, 'time')}: every {args.eval_steps:g} steps and at the end" if count > 1 else "at the end"
     # A forward pass costs about a third of a training step's forward and backward.
     share = 100 * count * evaluated / (3 * train_tokens)
     return (
-        f"{held_out['name']}: {held_out['tokens']:,} tokens ({held_out['blocks']:,} blocks); each evaluation reads "
-        f"{evaluated:,} tokens ({held_out['evaluated_blocks']:,} blocks{per_set}, {subset}; --max-eval-tokens), "
-        f"{when}, about {share:.2g} % of the training compute"
+        f"{held_out.name}: {held_out.tokens:,} tokens ({held_out.blocks:,} blocks); each evaluation reads "
+        f"{evaluated:,} tokens ({held_out.evaluated_blocks:,} blocks{per_set}, {subset}; --max-eval-tokens) and "
+        f"predicts {evaluated - held_out.evaluated_blocks:,} of them (all but each block's first), {when}, about "
+        f"{share:.2g} % of the training compute"
     )
 
 
@@ -168,9 +169,46 @@ def _checkpoint_cadence(args) -> str:
     return f"{every}{kept}, into {args.output_dir}/checkpoint-N; rerun with --resume after a stop"
 
 
-def summary(trainer, metrics: dict) -> dict:
+class PaceCallback(TrainerCallback):
+    """Prints, at the second training log, how long the rest of the run takes at the pace of the steps between the
+    first two logs (the first log's steps, slower while the run warms up, left out; an evaluation or save between
+    them starts the count again): the plan's estimate of the run's time, measured on its own hardware."""
+
+    def __init__(self):
+        self._first: tuple[float, int] | None = None  # (clock, step) at the training log the pace is taken from
+        self._done = False
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._first = None
+
+    def on_save(self, args, state, control, **kwargs):
+        self._first = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._done or logs is None or "loss" not in logs:
+            return
+        now = time.perf_counter()
+        if self._first is None:
+            self._first = (now, state.global_step)
+            return
+        self._done = True
+        print(pace(now - self._first[0], self._first[1], state.global_step, state.max_steps), flush=True)
+
+
+def pace(seconds: float, since: int, step: int, steps: int) -> str:
+    """The line that estimates the rest of a run of `steps` steps from the `seconds` that steps `since` to `step`
+    took."""
+    per_step, left = seconds / max(step - since, 1), max(steps - step, 0)
+    return (
+        f"pace         steps {since + 1:,} to {step:,} took {duration_text(seconds)}: the {left:,} steps left take "
+        f"about {duration_text(left * per_step)} more at that pace (evaluations and saves come on top)"
+    )
+
+
+def summary(trainer, metrics: dict, seq_len: int) -> dict:
     """The end-of-run figures, of the whole run however often it was resumed: steps, tokens, the last logged and
-    the mean training loss, wall time, throughput and MFU over the training time, and the evaluation."""
+    the mean training loss, wall time, throughput and MFU (of `seq_len`-token blocks) over the training time, and
+    the evaluation."""
     args, state = trainer.args, trainer.state
     run = whole_run(vars(state))
     losses = logged_entries(state.log_history, "loss")
@@ -192,8 +230,9 @@ def summary(trainer, metrics: dict) -> dict:
         "output_dir": str(args.output_dir),
     }
     if run.tokens_per_second is not None:
-        trainer.throughput.setup(args, trainer.model)
-        throughput = trainer.throughput.figures(args, clock.training_seconds, run.tokens)
+        model = getattr(trainer.model, "module", trainer.model)
+        flops = model_flops_per_token(model.config, seq_len)
+        throughput = throughput_figures(args, clock.training_seconds, run.tokens, flops, training_peak_flops(args))
         if "mfu_percent" in throughput:
             figures["mfu_percent"] = throughput["mfu_percent"]
     return figures
@@ -213,7 +252,7 @@ def _evaluation_lines(evaluation: dict) -> list[str]:
         if f"{prefix}_bits_per_byte" in evaluation:
             parts.append(f"{evaluation[f'{prefix}_bits_per_byte']:.3f} bits per byte")
         if f"{prefix}_tokens" in evaluation:
-            parts.append(f"{evaluation[f'{prefix}_tokens']:,} tokens")
+            parts.append(f"{evaluation[f'{prefix}_tokens']:,} tokens predicted")
         lines.append(f"{label} {', '.join(parts)}")
     if "eval_runtime" in evaluation:
         lines[0] += f" in {duration_text(evaluation['eval_runtime'])}"

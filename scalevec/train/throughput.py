@@ -1,16 +1,14 @@
 """Throughput while pretraining: model FLOPs per token, the peak FLOP/s of known accelerators, and a callback that
-logs tokens per second, model FLOPs utilisation (MFU) and peak memory at every logging step and keeps the run's
-clock across resumes."""
+logs tokens per second, model FLOPs utilisation (MFU) and peak memory at every logging step. The run's clock across
+resumes is `run_clock.RunClockCallback`'s."""
 
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedConfig, TrainerCallback
-from transformers.trainer_callback import ExportableState
 
-from ..run_records import RunClock
 from .diagnostics import extend_log
 
 try:
@@ -130,6 +128,13 @@ def device_peak_flops(
     return peak_flops_by_name(torch.cuda.get_device_name(device), dtype, tf32)
 
 
+def training_peak_flops(args) -> float | None:
+    """The peak FLOP/s of one device that a run's MFU is taken against: `--peak-flops`, else `device_peak_flops` for
+    the training dtype (bf16 with `--bf16` or `--fp16`, else TF32 with `--tf32`, else fp32); None when unknown."""
+    dtype = torch.bfloat16 if args.bf16 or args.fp16 else torch.float32
+    return getattr(args, "peak_flops", None) or device_peak_flops(args.device, dtype, tf32=bool(args.tf32))
+
+
 def peak_memory_gib(device: torch.device | str) -> dict[str, float]:
     """`{"peak_memory_gib": ...}`, the largest CUDA allocation so far, on a GPU; elsewhere `{"peak_rss_gib": ...}`,
     the process's peak resident set size (none on Windows)."""
@@ -146,20 +151,34 @@ def _rounded(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-class ThroughputCallback(TrainerCallback, ExportableState):
+def throughput_figures(
+    args, seconds: float, tokens: int, flops_per_token: float | None, peak_flops: float | None
+) -> dict[str, float]:
+    """Throughput, model TFLOP/s and MFU of `tokens` trained in `seconds` on `args.world_size` devices, given the
+    model FLOPs per token and the peak FLOP/s of a device (either None: no TFLOP/s or no MFU), and the peak memory
+    so far; each to 4 significant digits."""
+    figures = peak_memory_gib(args.device)
+    if tokens > 0 and seconds > 0:  # else the tokens were not counted (`include_num_input_tokens_seen` off)
+        per_device = tokens / seconds / args.world_size
+        figures.update(tokens_per_second=tokens / seconds, tokens_per_second_per_device=per_device)
+        if flops_per_token is not None:
+            achieved = per_device * flops_per_token
+            figures["model_tflops_per_device"] = achieved / 1e12
+            if peak_flops:
+                figures["mfu_percent"] = 100 * achieved / peak_flops
+    return {key: _rounded(value) for key, value in figures.items()}
+
+
+class ThroughputCallback(TrainerCallback):
     """Adds to every training log, from the tokens the Trainer counted (`num_input_tokens_seen`, all processes)
-    and the wall time since the previous log:
+    and the wall time since the previous log (`throughput_figures`):
 
     - `tokens_per_second` (all processes) and `tokens_per_second_per_device`;
     - `model_tflops_per_device`: `model_flops_per_token(config, seq_len)` times tokens per second per device;
-    - `mfu_percent`: that over the device's peak (`peak_flops`, else `device_peak_flops` for the training dtype:
-      bf16 with `--bf16`/`--fp16`, else TF32 with `--tf32`, else fp32), where a peak is known;
+    - `mfu_percent`: that over the device's peak (`peak_flops`, else `training_peak_flops(args)`), where one is known;
     - `peak_memory_gib` (CUDA's largest allocation so far) or, on CPU, `peak_rss_gib` (the process's peak RSS).
 
-    Time spent evaluating or saving is left out: the clock restarts after each. It also keeps the run's clock
-    (`RunClock`: wall and training time over every segment of a resumed run), which each checkpoint's
-    `trainer_state.json` saves among its stateful callbacks and which the next segment reads back (whatever
-    `--restore-callback-states-from-checkpoint` says); at the end of training it is in `state.stateful_callbacks`.
+    Time spent evaluating or saving is left out: the window restarts after each.
 
     Place it before the loggers (`trainer.callback_handler.callbacks.insert(1, callback)`, as ScaleVecTrainer does
     with its scale statistics) for every `--report-to` logger to get these; passed as `callbacks=[...]`, it comes
@@ -170,99 +189,28 @@ class ThroughputCallback(TrainerCallback, ExportableState):
         self.peak_flops = peak_flops
         self.flops_per_token: float | None = None
         self._since: tuple[float, int] = (0.0, 0)  # (clock, tokens seen) where the current window began
-        self._step_end = 0.0  # the clock at the end of the latest step
-        self._began: float | None = None  # the clock when this segment's training began
-        self._last_event = 0.0  # ... at the end of its latest step, log, evaluation or save
-        self._ended: float | None = None  # ... at the end of its training: the end of its last step's save
-        self._training_seconds = 0.0  # of this segment's closed windows
-        self.recorded_clock: RunClock | None = RunClock()  # of the segments before this one; None: unknown
 
-    def setup(self, args, model=None) -> None:
-        """Find the model FLOPs per token (of `model`) and the device's peak FLOP/s that MFU needs."""
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is not None and self.seq_len:  # without a sequence length: tokens per second and memory only
             self.flops_per_token = model_flops_per_token(getattr(model, "module", model).config, self.seq_len)
         if self.peak_flops is None:
-            dtype = torch.bfloat16 if args.bf16 or args.fp16 else torch.float32
-            self.peak_flops = device_peak_flops(args.device, dtype, tf32=bool(args.tf32))
+            self.peak_flops = training_peak_flops(args)
+        self._restart(state)
 
-    def _restart_clock(self, state, now: float | None = None) -> None:
-        self._since = (time.perf_counter() if now is None else now, state.num_input_tokens_seen)
-
-    def _event(self) -> float:
-        self._last_event = time.perf_counter()
-        return self._last_event
-
-    def _close_window(self, until: float) -> float:
-        """Count the current window, up to `until`, as training time; its length."""
-        seconds = max(until - self._since[0], 0.0)
-        self._training_seconds += seconds
-        return seconds
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.setup(args, model)
-        if state.global_step == 0:
-            self.recorded_clock = RunClock()
-        elif (earlier := RunClock.recorded(vars(state))) is not None:  # resumed: add to the checkpoint's clock
-            starts = [*earlier.segment_starts, state.global_step]
-            self.recorded_clock = RunClock(starts, earlier.wall_seconds, earlier.training_seconds)
-        else:  # resumed from a checkpoint that recorded no clock: the time before it is unknown
-            self.recorded_clock = None
-        self._restart_clock(state)
-        self._began, self._ended, self._training_seconds = self._since[0], None, 0.0
-        self._step_end = self._last_event = self._began
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self._step_end = self._event()
+    def _restart(self, state) -> None:
+        self._since = (time.perf_counter(), state.num_input_tokens_seen)
 
     def on_evaluate(self, args, state, control, **kwargs):
-        self._close_window(self._step_end)  # the steps before the evaluation are training time, it is not
-        self._restart_clock(state, self._event())
+        self._restart(state)
 
     def on_save(self, args, state, control, **kwargs):
-        self._close_window(self._step_end)
-        self._restart_clock(state, self._event())
+        self._restart(state)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is None or "loss" not in logs:
             return
         # The Trainer has read the loss (`.item()`) before logging: the device has finished the steps timed here.
-        now = self._event()
-        seconds = self._close_window(now)
-        extend_log(state, logs, self.figures(args, seconds, state.num_input_tokens_seen - self._since[1]))
-        self._restart_clock(state, now)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self._close_window(self._step_end)  # the steps after the last log count; the final save does not
-        self._ended = self._last_event  # not what other callbacks do at the end (the picture, say)
-        state.stateful_callbacks[type(self).__name__] = self.state()
-
-    def run_clock(self) -> RunClock | None:
-        """The run's clock so far: the segments before this one and this one up to now (or its end)."""
-        earlier = self.recorded_clock
-        if earlier is None or self._began is None:
-            return earlier
-        pending = max(self._step_end - self._since[0], 0.0)  # the window still open, up to the latest step
-        wall = (self._ended or time.perf_counter()) - self._began
-        training = self._training_seconds + (0.0 if self._ended else pending)
-        return RunClock(earlier.segment_starts, earlier.wall_seconds + wall, earlier.training_seconds + training)
-
-    def state(self) -> dict:
-        """What a checkpoint saves (`ExportableState`): the run's clock up to the save."""
-        clock = self.run_clock()
-        return {
-            "args": {"seq_len": self.seq_len, "peak_flops": self.peak_flops},
-            "attributes": {"recorded_clock": asdict(clock) if clock else None},
-        }
-
-    def figures(self, args, seconds: float, tokens: int) -> dict[str, float]:
-        """Throughput, model TFLOP/s and MFU of `tokens` trained in `seconds`, and the peak memory so far."""
-        figures = peak_memory_gib(args.device)
-        if tokens > 0 and seconds > 0:  # else the tokens were not counted (`include_num_input_tokens_seen` off)
-            per_device = tokens / seconds / args.world_size
-            figures.update(tokens_per_second=tokens / seconds, tokens_per_second_per_device=per_device)
-            if self.flops_per_token is not None:
-                achieved = per_device * self.flops_per_token
-                figures["model_tflops_per_device"] = achieved / 1e12
-                if self.peak_flops:
-                    figures["mfu_percent"] = 100 * achieved / self.peak_flops
-        return {key: _rounded(value) for key, value in figures.items()}
+        now = time.perf_counter()
+        seconds, tokens = now - self._since[0], state.num_input_tokens_seen - self._since[1]
+        extend_log(state, logs, throughput_figures(args, seconds, tokens, self.flops_per_token, self.peak_flops))
+        self._since = (now, state.num_input_tokens_seen)

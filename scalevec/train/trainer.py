@@ -30,9 +30,10 @@ from ..atomic import commit_folder, remove_folder, write_text_atomically, writes
 from ..data.held_out import EVALUATION_HALVES, evaluation_halves
 from ..data.sampler import ShuffledBlockSampler
 from ..modeling_scalevec import ScaleVecModel
-from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback
+from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback, activation_kurtosis, kurtosis_log
 from .evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, token_byte_lengths
 from .optim import DecayConfig, MuonAdamW, decay_toward_targets, describe_groups, parameter_groups
+from .run_clock import RunClockCallback
 from .task_scoring import TaskEvaluation, reduce_together, task_metrics
 from .tasks import Task
 from .throughput import ThroughputCallback
@@ -108,7 +109,12 @@ class ScaleVecTrainingArguments(TrainingArguments):
         default="match_rms_adamw",
         metadata={"help": "Muon learning-rate scaling: 'match_rms_adamw' (same lr as AdamW) or 'original'."},
     )
-    scale_stats: bool = field(default=True, metadata={"help": "Log per-site scale statistics and plot them."})
+    scale_stats: bool = field(
+        default=True,
+        metadata={
+            "help": "Log per-site scale statistics and plot them; at each evaluation, activation kurtosis per layer."
+        },
+    )
     eval_halves: bool = field(
         default=False,
         metadata={
@@ -242,8 +248,8 @@ class ScaleVecTrainer(Trainer):
             _install_output_hooks(self.model)
         callbacks = self.callback_handler.callbacks
         # Before every logger (after the Trainer's flow control), so that each logger gets what these add.
-        self.throughput = ThroughputCallback(seq_len, getattr(self.args, "peak_flops", None))
-        callbacks.insert(1, self.throughput)
+        callbacks.insert(1, ThroughputCallback(seq_len, getattr(self.args, "peak_flops", None)))
+        callbacks.insert(1, RunClockCallback())
         if getattr(self.args, "scale_stats", True):
             callbacks.insert(1, ScaleStatsCallback())
             callbacks.insert(len(callbacks) - 1, HideScaleStatsFromConsole())  # after them, before the printer
@@ -351,7 +357,12 @@ class ScaleVecTrainer(Trainer):
         metrics.update(task_metrics([task.name for task in self.tasks], task_sums, metric_key_prefix))
         blocks, tokens = sum(len(blocks) for blocks in sets.values()), metrics[f"{metric_key_prefix}_tokens"]
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=blocks, num_tokens=tokens))
+        kurtosis = {}
+        if getattr(self.args, "scale_stats", True):  # after the clock: the evaluation's speed does not count it
+            kurtosis = self._held_out_kurtosis(model, next(iter(sets.values())), evaluation)
+        metrics.update(kurtosis)
         self.log(metrics)
+        metrics.update(kurtosis)  # `log` hands `metrics` itself to the console's filter, which drops `scale/` keys
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         self._memory_tracker.stop_and_update_metrics(metrics)
         return metrics
@@ -367,6 +378,13 @@ class ScaleVecTrainer(Trainer):
             self.compute_loss_context_manager,
         )
         return evaluation.sums(model, self.tasks)
+
+    @staticmethod
+    def _held_out_kurtosis(model, blocks, evaluation: BlockEvaluation) -> dict[str, float]:
+        """Activation kurtosis per layer (`scale/kurtosis/...`) on one held-out batch, the same on every process
+        (sharded models need every process's forward): one forward more per evaluation, whatever the sets' size."""
+        with evaluation.forward_context():
+            return kurtosis_log(activation_kurtosis(model, [evaluation.first_batch(blocks)]))
 
     def _held_out_sets(self, eval_dataset) -> dict | None:
         """The sets to evaluate, by name (a single set under the name None), or None if one has no length."""
