@@ -27,15 +27,17 @@ finished; `results.json` holds every run's record, and `--report-only true` over
 the same text reports.
 """
 
+import json
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..atomic import exit_status
+from ..atomic import exit_status, write_text_atomically
 from ..configuration_scalevec import SCALE_FIELDS
 from ..data import DataArguments
 from ..data.held_out import set_names
-from ..run_records import TASK_FIGURES, TASKS_MEAN, read_json
+from ..quantization import parse_schemes
+from ..run_records import TASK_FIGURES, TASKS_MEAN, TRAINING_DATA, read_json
 from ..shards import parse_shard
 from .branches import plan_budgets, unfinished_budgets
 from .cli import ModelArguments, _check_output_dir, _config_overrides, parse_arguments, train
@@ -47,6 +49,7 @@ from .study.records import (
     DIVERGED,
     FINISHED,
     MISSING,
+    QUANTIZED_FILE,
     RunRecord,
     branch_records,
     grid_records,
@@ -100,6 +103,14 @@ class AblationArguments:
             "help": "The logged figure the claims are judged on: the held-out loss (its report half) by default, or "
             "another of the final evaluation's, e.g. eval_hellaswag_acc_norm (--eval-tasks); accuracies count "
             "higher as better. Learning rates are chosen on the held-out loss's selection half whatever it is."
+        },
+    )
+    quantize: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated weight schemes (int8, int4; torchao): after each run, its final model is "
+            "evaluated on the report half unquantized and with each scheme's weights (main process), and the claims "
+            "gain a row per scheme: unified quantizes as well as standard (non-inferiority, margin in claims.md)."
         },
     )
     report_only: bool = field(
@@ -200,6 +211,7 @@ def run_ablation(
     if ablation.report_only and not root.is_dir():
         raise ValueError(f"--output-dir {root}: no such folder, so nothing to report")
     metric = metric_name(ablation.metric)
+    schemes = parse_schemes(ablation.quantize) if ablation.quantize else []
     if not ablation.report_only:
         check_held_out(data_args)
         check_metric_configured(metric, data_args)
@@ -222,12 +234,16 @@ def run_ablation(
     for number, point in enumerate(todo, 1):
         _train(point, grid, model_args, data_args, training_args)
         if main_process:
+            _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
+        if main_process:
             records = study_records(grid, root)
             done_now = next(r for r in records if r.point == point and r.budget is None)
             print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
             write_report(records, grid, root, False, False, metric)  # a killed study still reports (no figure, no fit)
     if not main_process:
         return []
+    for point in share:  # finished runs of this share --resume kept, trained before --quantize was given
+        _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
     records = study_records(grid, root)
     print(*write_report(records, grid, root, metric=metric), sep="\n")
     runs = [r for r in records if r.budget is None]
@@ -253,6 +269,39 @@ def check_held_out(data_args: DataArguments) -> None:
             f"--max-eval-tokens {budget}: scalevec-ablate needs 2 held-out blocks of --seq-len at least (one half to "
             "choose learning rates on, one to report on)"
         )
+
+
+def _quantize(grid: Grid, point: GridPoint, root: Path, schemes: list[str], batch_size: int) -> None:
+    """`evaluate_quantized` for `point`'s run where it finished and lacks a scheme of `schemes`."""
+    folder = point.folder(root)
+    done = read_json(folder / QUANTIZED_FILE) or {}
+    if schemes and not set(schemes) <= set(done) and run_status(grid, point, root) == FINISHED:
+        evaluate_quantized(folder, schemes, batch_size)
+
+
+def evaluate_quantized(folder: Path, schemes: list[str], batch_size: int) -> None:
+    """Write `quantized.json` into the finished run's `folder`: the loss on the report half of the blocks its
+    evaluations read (as `training_data.json` recorded them) of its final model unquantized ("none") and with each
+    scheme's weights, by `scalevec-eval`'s evaluation (the Trainer's block evaluation), on this process alone."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from ..data.held_out import EvaluationRecord, evaluation_halves, recorded_evaluation
+    from ..evaluate import evaluate_model
+    from ..modeling_scalevec import ScaleVecForCausalLM
+    from ..quantization import quantize_weights
+
+    evaluation = EvaluationRecord.read(read_json(folder / TRAINING_DATA) or {})
+    if evaluation is None or not evaluation.sets:
+        raise ValueError(f"--quantize: {folder / TRAINING_DATA} records no held-out blocks to evaluate")
+    report = {name: evaluation_halves(blocks)[1] for name, blocks in recorded_evaluation(evaluation).items()}
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    losses = {}
+    for scheme in ["none", *schemes]:  # each from the saved weights, loaded again: quantizing is in place
+        model = ScaleVecForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = model if scheme == "none" else quantize_weights(model, scheme)
+        losses[scheme] = evaluate_model(model, tokenizer, [], report, batch_size=batch_size).held_out["loss"]
+    write_text_atomically(folder / QUANTIZED_FILE, json.dumps(losses, indent=2) + "\n")
 
 
 def check_metric_configured(metric: str, data_args: DataArguments) -> None:

@@ -43,6 +43,15 @@ PAIRED_CLAIMS = (
     Claim("The magnitude–direction parametrisation helps", ("magdir",)),
 )
 LOWEST = "Unified has the lowest terminal loss of the strategies"
+QUANTIZES = "Unified quantizes as well as standard"
+QUANTIZATION_MARGIN = 0.01  # nats of report-half loss: the non-inferiority margin of the quantization rows
+QUANTIZATION_RULE = (
+    f"Quantization rows (`--quantize`): each run's final model is evaluated on the report half unquantized and with "
+    f"each scheme's weights; Δ per seed = unified's loss increase − standard's − {QUANTIZATION_MARGIN} nats (each at "
+    "its best learning rate), a non-inferiority test with that margin: it **holds** when the interval lies below 0 "
+    f"(unified loses at most {QUANTIZATION_MARGIN} nats more than standard), is **contradicted** when it lies above "
+    f"(unified loses more than standard by over {QUANTIZATION_MARGIN}), and is **unresolved** otherwise."
+)
 SCALING = "Unified scales more favourably than standard"
 
 
@@ -85,6 +94,7 @@ def claim_verdicts(
             tests.append(_paired(LOWEST, chosen[size, "unified"], [chosen[size, v] for v in others], metric))
     else:
         tests.append(_untested(LOWEST, "needs unified and another strategy", oriented("lower", metric)))
+    tests += _quantization(chosen, sizes)
     tests.append(_scaling(chosen, fits, sizes))
     _correct(tests)
     return tests
@@ -124,6 +134,37 @@ def _from_best(unified: VariantSummary, others: list[VariantSummary], highest: b
         for seed, loss in ours.items()
         if all(seed in o for o in losses)
     }
+
+
+def _quantization(chosen: dict[tuple[str, str], VariantSummary], sizes: list[str]) -> list[ClaimTest]:
+    """Per scheme any run was quantized with, per size: unified's loss increase against standard's, on the loss
+    whatever --metric is (none without --quantize)."""
+    schemes = sorted({scheme for s in chosen.values() for scheme in s.quantization_increase})
+    tests = []
+    for scheme, size in ((scheme, size) for scheme in schemes for size in sizes):
+        statement = f"{QUANTIZES} ({scheme} weights)"
+        if not {(size, "unified"), (size, "standard")} <= set(chosen):
+            tests.append(_untested(statement, "needs unified and standard", "lower"))
+            continue
+        ours, theirs = chosen[size, "unified"], chosen[size, "standard"]
+        if missing := [f"{s.variant} {run}" for s in (ours, theirs) for run in s.missing]:
+            tests.append(ClaimTest(statement, size, _missing(missing), PREDICTIONS["lower"], "lower", INCOMPLETE))
+            continue
+        if ours.status != SELECTED or theirs.status != SELECTED:
+            why = "unified or standard: no learning rate finished with a selection loss"
+            tests.append(ClaimTest(statement, size, why, PREDICTIONS["lower"], "lower", UNTESTED))
+            continue
+        unified, standard = (s.quantization_increase.get(scheme, {}) for s in (ours, theirs))
+        differences = {
+            seed: unified[seed] - standard[seed] - QUANTIZATION_MARGIN for seed in unified if seed in standard
+        }
+        runs = (
+            f"{scheme} loss increase of {_at(ours)} − that of {_at(theirs)} − {QUANTIZATION_MARGIN} "
+            "(non-inferiority margin), report half"
+        )
+        flags = [f"{s.variant}: {s.edge}" for s in (ours, theirs) if s.edge]
+        tests.append(_test(statement, size, runs, "lower", differences, flags))
+    return tests
 
 
 def _scaling(chosen: dict, fits: list[ScalingFit], sizes: list[str]) -> ClaimTest:
@@ -203,6 +244,7 @@ def claims_markdown(tests: list[ClaimTest], grid: str, runs: list[str], metric: 
         "",
         describe_metric(metric),
         "",
+        *([QUANTIZATION_RULE, ""] if any(t.claim.startswith(QUANTIZES) for t in tests) else []),
         f"Rows: {len(tests)}, of which {len(tested)} tested ({tally}); Holm's correction is over those {len(tested)}.",
         "",
         "| claim | size | runs compared (learning rate) | prediction | Δ per seed | mean Δ [95 % interval] | verdict "

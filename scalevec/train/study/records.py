@@ -29,6 +29,7 @@ from .grid import Grid, GridPoint, Size
 
 FINISHED, DIVERGED, MISSING = "finished", "diverged", "missing"
 DIVERGED_FILE = "diverged.json"  # written into a run's folder when its loss or weights became non-finite
+QUANTIZED_FILE = "quantized.json"  # `--quantize`: the report-half loss per weight scheme ("none": unquantized)
 
 
 @dataclass
@@ -55,6 +56,8 @@ class RunRecord:
     train_seconds: float | None = None  # the whole run's wall time, over any resumes
     diverged_learning_rate: float | None = None  # the scheduled learning rate at the diverging step
     metrics: dict[str, float] = field(default_factory=dict)  # the final evaluation's other figures (`figures`)
+    # `--quantize`: the report-half loss of the final model, unquantized ("none") and with each scheme's weights
+    quantized_report_loss: dict[str, float] = field(default_factory=dict)
 
     @property
     def point(self) -> GridPoint:
@@ -143,6 +146,7 @@ def measured(record: RunRecord, folder: Path) -> RunRecord:
     record.eval_report_loss = evaluation.get("eval_report_loss")
     record.train_seconds = float(summary.get("wall_seconds") or metrics.get("train_runtime", 0.0))
     record.metrics = figures(evaluation)
+    record.quantized_report_loss = read_json(folder / QUANTIZED_FILE) or {}
     return record
 
 

@@ -51,6 +51,7 @@ class VariantSummary:
     reference_learning_rate: float | None = None  # the reference's own best learning rate
     differences: dict[int, float] = field(default_factory=dict)  # seed -> report loss minus the reference's
     expected: str | None = None
+    quantization_increase: dict[str, dict[int, float]] = field(default_factory=dict)  # scheme -> seed -> increase
 
 
 def by_learning_rate(records: list[RunRecord]) -> dict[Key, dict[float, list[RunRecord]]]:
@@ -97,6 +98,7 @@ def select(
     summary.edge = edge_flag(best.learning_rate, grid.learning_rates)
     summary.report_loss_mean, summary.report_loss_std = best.report_loss_mean, best.report_loss_std
     summary.report_losses = report_losses(runs, metric)
+    summary.quantization_increase = quantization_increase(runs)
     trained = [r.train_loss for r in runs if r.train_loss is not None]
     summary.train_loss_mean = statistics.fmean(trained) if trained else None
     return summary
@@ -126,6 +128,18 @@ def best_runs(records: list[RunRecord], summaries: list[VariantSummary]) -> dict
 def report_losses(runs: list[RunRecord], metric: str = LOSS) -> dict[int, float]:
     """Seed -> the runs' `metric` (for the held-out loss, its report half)."""
     return {r.seed: r.figure(metric) for r in runs if r.figure(metric) is not None}
+
+
+def quantization_increase(runs: list[RunRecord]) -> dict[str, dict[int, float]]:
+    """Scheme -> seed -> the report-half loss of the run's final model with that scheme's weights minus without
+    (both evaluated after training, `--quantize`)."""
+    increases = defaultdict(dict)
+    for r in runs:
+        base = r.quantized_report_loss.get("none")
+        for scheme, loss in r.quantized_report_loss.items():
+            if scheme != "none" and base is not None and loss is not None:
+                increases[scheme][r.seed] = loss - base
+    return dict(sorted(increases.items()))
 
 
 def paired_differences(variant: list[RunRecord], reference: list[RunRecord], metric: str = LOSS) -> dict[int, float]:
