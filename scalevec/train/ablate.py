@@ -25,6 +25,11 @@ each claim a 95 % interval over seeds and a verdict (`study.intervals`). It is w
 grid's runs, whichever process trained them, and again after every run, so a killed study still reports what
 finished; `results.json` holds every run's record, and `--report-only true` over a folder that holds only it writes
 the same text reports.
+
+With `--decay-at` (WSD), each budget a run branches is a record too, and the report gives loss against tokens at
+each variant's chosen rate and, in the final report, a fit of L(N, D). `--metric` judges the claims on another logged
+figure (a task's accuracy, say; its direction from its name). `--quantize int8,int4` evaluates each finished run's
+final model with quantized weights on the report half, for the claim that unified quantizes as well as standard.
 """
 
 import json
@@ -242,7 +247,7 @@ def run_ablation(
             write_report(records, grid, root, False, False, metric)  # a killed study still reports (no figure, no fit)
     if not main_process:
         return []
-    for point in share:  # finished runs of this share --resume kept, trained before --quantize was given
+    for point in [] if ablation.report_only else share:  # finished runs --resume kept, trained without --quantize
         _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
     records = study_records(grid, root)
     print(*write_report(records, grid, root, metric=metric), sep="\n")
