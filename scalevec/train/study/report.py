@@ -1,6 +1,7 @@
 """The files a study writes into its folder from the records of its grid (`records.grid_records`): `results.md` and
 `results.json` (which runs finished, diverged or are missing; each size and variant at its best learning rate;
-every learning rate; the scaling fits; the claims; every run's record), `claims.md`, and the figures
+every learning rate; the scaling fits; loss against tokens and the fit of L(N, D) where `--decay-at` branched budgets;
+the claims; every run's and every budget's record), `claims.md`, and the figures
 `loss_curves.png` (from the run folders, when they are all there) and `scaling.png`. The text files are a function of
 the records alone, so `results.json`'s records write them again byte for byte. Every file is replaced whole
 (atomically): shards writing them at once leave the last complete one."""
