@@ -3,7 +3,9 @@
 # (6x384, 8x512, 10x640 and the `0.12b` preset: N = 9.7 M, 23 M, 45 M, 75 M non-embedding parameters; 4 sizes, so
 # the scaling fit is L = E + A N^-a), each trained on 20 tokens per non-embedding parameter (Chinchilla's ratio),
 # every variant (the six strategies and the weight-decay ones), three peak learning rates, three seeds (a claim's
-# verdict needs 3 paired seeds at least: with 2 every row is "unresolved"): 360 runs.
+# verdict needs 3 paired seeds at least: with 2 every row is "unresolved"): 360 runs. The schedule is
+# warmup-stable-decay with a cooldown of the last 20 % of the steps, and each run branches the cooldowns of 0.25 and
+# 0.5 of its budget from its stable phase (--decay-at): 4 sizes x 3 budgets, so the report fits L(N, D) too.
 # One Slurm array task per shard, all writing into one shared folder; then one call writes the report. The CPU
 # miniature of the same study is benchmarks/ablation.sh.
 #
@@ -35,7 +37,8 @@
 # MFU on an H100 (300 TFLOP/s of its 989 in bf16), 2, 9, 28 and 68 minutes: 1.8 GPU-hours for one variant, learning
 # rate and seed at all four sizes, ~160 GPU-hours for the 90 of the grid, ~5 hours of wall time on 32 GPUs (each
 # shard holds an even share of every size). The small sizes will reach a lower MFU than 30 %, but they are 7 % of
-# the FLOPs. Check the assumption on the first runs: each prints its train_runtime and MFU (the run folder's
+# the FLOPs. The --decay-at branches train their cooldowns only: 20 % of 0.25 and of 0.5 of each run's steps, about
+# +15 % compute (~185 GPU-hours, ~6 hours of wall time on 32 GPUs). Check the assumption on the first runs: each prints its train_runtime and MFU (the run folder's
 # run_summary.json); with a lower MFU, lower TOKENS_PER_PARAMETER or the learning rates or seeds.
 set -euo pipefail
 out=${1:-runs/study-gpu}
@@ -53,6 +56,7 @@ scalevec-ablate --sizes "${SIZES:-6x384,8x512,10x640,0.12b}" --tokens-per-parame
     --learning-rates "${LEARNING_RATES:-1e-3,2e-3,4e-3}" --seeds "${SEEDS:-0,1,2}" --variants "${VARIANTS:-all}" \
     --dataset "$DATASET" --bf16 true --tf32 true --attn-implementation sdpa \
     --per-device-train-batch-size 32 --gradient-accumulation-steps 4 --warmup-steps 0.05 \
+    --lr-scheduler-type warmup_stable_decay --lr-scheduler-kwargs '{"num_decay_steps": 0.2}' --decay-at 0.25,0.5,1 \
     --logging-steps 50 --save-strategy steps --save-steps 1000 --save-total-limit 1 --report-to none \
     --disable-tqdm true --scale-stats false --dataloader-num-workers 4 --resume \
     "${mode[@]}" --output-dir "$out" "${@:2}"

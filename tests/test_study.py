@@ -42,12 +42,15 @@ TRAINED = re.compile(r"^\[ablation\] \d+/\d+ (\S+) (\S+) lr (\S+) seed (\d+):", 
 # The non-embedding parameters of one layer of hidden H, one head, SwiGLU width W: q, k, v, o (4 H^2) and 3 H W.
 PARAMETERS = {"1x16": 4 * 16 * 16 + 3 * 16 * 48, "1x32": 4 * 32 * 32 + 3 * 32 * 96}
 REMOVING = "Removing the scale vectors hurts"
+# Each run also gives the budget of 3 of its 6 steps: a cooldown of 2 steps branched after its step 1.
+DECAY = ("--lr-scheduler-type", "warmup_stable_decay", "--lr-scheduler-kwargs", '{"num_decay_steps": 0.5}')
+DECAY += ("--decay-at", "0.5,1")
 
 
 def study_argv(root, *extra: str) -> list[str]:
     grid = ["--sizes", ",".join(SIZES), "--variants", ",".join(VARIANTS), "--seeds", str(SEED)]
     grid += ["--learning-rates", ",".join(map(str, RATES))]
-    flags = ("--config-overrides", "{}", "--max-eval-documents", "2", "--scale-stats", "false")
+    flags = ("--config-overrides", "{}", "--max-eval-documents", "2", "--scale-stats", "false", *DECAY)
     return [*grid, *train_argv(root, *flags, *extra, steps=6)]
 
 
@@ -116,7 +119,7 @@ def test_a_report_call_after_the_shards_trains_nothing_and_keeps_the_diverged_ru
 
 
 def test_a_diverging_rate_is_recorded_and_the_selection_goes_around_it(study):
-    runs = {(r["size"], r["variant"], r["learning_rate"]): r for r in study.results["runs"]}
+    runs = {(r["size"], r["variant"], r["learning_rate"]): r for r in study.results["runs"] if r["budget"] is None}
     assert len(runs) == 6
     for size, variant in product(SIZES, VARIANTS):
         diverged = runs[size, variant, 1e30]
@@ -135,6 +138,7 @@ def test_a_diverging_rate_is_recorded_and_the_selection_goes_around_it(study):
             )
             assert run["train_loss"] == logged_losses(study.root / size / f"{variant}-lr{rate:g}-seed{SEED}")[-1]
             assert run["tokens"] == 6 * 4 * 32 and run["non_embedding_parameters"] == PARAMETERS[size]
+            assert run["metrics"]["eval_perplexity"] == logged["eval_perplexity"]  # the figures --metric can pick
         assert runs[size, "none", 0.01]["scale_parameters"] == 0 < runs[size, "standard", 0.01]["scale_parameters"]
     summary = {(s["size"], s["variant"]): s for s in study.results["summary"]}
     for size in SIZES:
@@ -159,6 +163,35 @@ def test_the_evaluation_halves_split_the_evaluated_blocks(study):
         assert blocks >= 2 and evaluation["eval_select_loss"] != evaluation["eval_report_loss"]
         combined = (chosen * evaluation["eval_select_loss"] + other * evaluation["eval_report_loss"]) / blocks
         assert combined == pytest.approx(evaluation["eval_loss"], abs=1e-9)
+
+
+def test_each_finished_run_gives_a_record_of_each_budget_and_the_report_tabulates_them(study):
+    branches = {(r["size"], r["variant"], r["learning_rate"]): r for r in study.results["runs"] if r["budget"]}
+    assert set(branches) == {key for key in GRID if key[2] < 1}  # a diverged run branches nothing
+    rows = {}
+    for (size, variant, rate), branch in branches.items():
+        folder = study.root / size / f"{variant}-lr{rate:g}-seed{SEED}" / "budget-0.5"
+        logged = [entry for entry in log_history(folder) if "eval_loss" in entry][-1]  # the branch's own halves
+        assert branch["status"] == FINISHED and branch["budget"] == 0.5 and branch["step"] == 3
+        assert branch["tokens"] == 3 * 4 * 32 and branch["non_embedding_parameters"] == PARAMETERS[size]
+        assert (branch["eval_select_loss"], branch["eval_report_loss"]) == (
+            logged["eval_select_loss"],
+            logged["eval_report_loss"],
+        )
+        assert branch["eval_report_loss"] != study.evals[size, variant, rate]["eval_report_loss"]
+        rows[size, variant, rate] = branch["eval_report_loss"]
+    summary = {(s["size"], s["variant"]): s for s in study.results["summary"]}
+    results = (study.root / "results.md").read_text()
+    section = results[results.index("## Loss against tokens") :]
+    assert "chosen on the whole budget's selection half" in section
+    for size in SIZES:  # each variant at its best rate of the whole budget, the budgets in rows
+        best = {v: summary[size, v]["best_learning_rate"] for v in VARIANTS}
+        half = " | ".join(f"{rows[size, v, best[v]]:.4f} (1)" for v in VARIANTS)
+        whole = " | ".join(f"{study.evals[size, v, best[v]]['eval_report_loss']:.4f} (1)" for v in VARIANTS)
+        assert f"| {size} | {PARAMETERS[size]:,} | 0.5 | 384 | {384 / PARAMETERS[size]:.3g} | {half} |" in section
+        assert f"| {size} | {PARAMETERS[size]:,} | 1 | 768 | {768 / PARAMETERS[size]:.3g} | {whole} |" in section
+    assert "L(N, D) = E + A·N^-α + B·D^-β: not tested (none: needs 4 sizes with 3 budgets" in section
+    assert set(study.results["budget_fits"]) == set(VARIANTS)
 
 
 def test_report_only_over_a_lone_results_json_writes_the_same_reports(study, tmp_path):

@@ -25,27 +25,38 @@ each claim a 95 % interval over seeds and a verdict (`study.intervals`). It is w
 grid's runs, whichever process trained them, and again after every run, so a killed study still reports what
 finished; `results.json` holds every run's record, and `--report-only true` over a folder that holds only it writes
 the same text reports.
+
+With `--decay-at` (WSD), each budget a run branches is a record too, and the report gives loss against tokens at
+each variant's chosen rate and, in the final report, a fit of L(N, D). `--metric` judges the claims on another logged
+figure (a task's accuracy, say; its direction from its name). `--quantize int8,int4` evaluates each finished run's
+final model with quantized weights on the report half, for the claim that unified quantizes as well as standard.
 """
 
+import json
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..atomic import exit_status
+from ..atomic import exit_status, write_text_atomically
 from ..configuration_scalevec import SCALE_FIELDS
 from ..data import DataArguments
-from ..run_records import read_json
+from ..data.held_out import set_names
+from ..quantization import parse_schemes
+from ..run_records import TASK_FIGURES, TASKS_MEAN, TRAINING_DATA, read_json
 from ..shards import parse_shard
 from .branches import plan_budgets, unfinished_budgets
 from .cli import ModelArguments, _check_output_dir, _config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
 from .report import tokens_per_step
 from .study.grid import Grid, GridPoint, build_sizes
+from .study.metric import LOSS, check_logged, metric_name
 from .study.records import (
     DIVERGED,
     FINISHED,
     MISSING,
+    QUANTIZED_FILE,
     RunRecord,
+    branch_records,
     grid_records,
     load_records,
     record_diverged,
@@ -53,6 +64,7 @@ from .study.records import (
 )
 from .study.report import write_report
 from .study.variants import VARIANT_GROUPS, VARIANTS
+from .tasks import parse_task_list
 from .trainer import NonFiniteLossError, ScaleVecTrainingArguments
 
 _STRATEGY_FIELDS = ("scale_preset", *SCALE_FIELDS)
@@ -88,6 +100,22 @@ class AblationArguments:
         metadata={
             "help": "I/N: train only the I-th of N disjoint shares of the grid (I from 0, as Slurm array task ids), "
             "the same on every machine; the report covers every finished run of the grid."
+        },
+    )
+    metric: str = field(
+        default=LOSS,
+        metadata={
+            "help": "The logged figure the claims are judged on: the held-out loss (its report half) by default, or "
+            "another of the final evaluation's, e.g. eval_hellaswag_acc_norm (--eval-tasks); accuracies count "
+            "higher as better. Learning rates are chosen on the held-out loss's selection half whatever it is."
+        },
+    )
+    quantize: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated weight schemes (int8, int4; torchao): after each run, its final model is "
+            "evaluated on the report half unquantized and with each scheme's weights (main process), and the claims "
+            "gain a row per scheme: unified quantizes as well as standard (non-inferiority, margin in claims.md)."
         },
     )
     report_only: bool = field(
@@ -187,8 +215,13 @@ def run_ablation(
     root = Path(training_args.output_dir)
     if ablation.report_only and not root.is_dir():
         raise ValueError(f"--output-dir {root}: no such folder, so nothing to report")
+    metric = metric_name(ablation.metric)
+    schemes = parse_schemes(ablation.quantize) if ablation.quantize else []
     if not ablation.report_only:
         check_held_out(data_args)
+        check_metric_configured(metric, data_args)
+    if root.is_dir():  # runs already recorded must have logged it
+        check_logged(metric, study_records(grid, root))
     index, count = ablation.shard_index()
     share = grid.shard(index, count)
     done = [  # finished (with every budget --decay-at branches from it) or diverged
@@ -206,17 +239,22 @@ def run_ablation(
     for number, point in enumerate(todo, 1):
         _train(point, grid, model_args, data_args, training_args)
         if main_process:
+            _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
+        if main_process:
             records = study_records(grid, root)
-            done_now = next(r for r in records if r.point == point)
+            done_now = next(r for r in records if r.point == point and r.budget is None)
             print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
-            write_report(records, grid, root, figures=False)  # a killed study still reports
+            write_report(records, grid, root, False, False, metric)  # a killed study still reports (no figure, no fit)
     if not main_process:
         return []
+    for point in [] if ablation.report_only else share:  # finished runs --resume kept, trained without --quantize
+        _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
     records = study_records(grid, root)
-    print(*write_report(records, grid, root), sep="\n")
-    counts = {status: sum(r.status == status for r in records) for status in (FINISHED, DIVERGED, MISSING)}
+    print(*write_report(records, grid, root, metric=metric), sep="\n")
+    runs = [r for r in records if r.budget is None]
+    counts = {status: sum(r.status == status for r in runs) for status in (FINISHED, DIVERGED, MISSING)}
     print(
-        f"[ablation] trained {len(todo)} runs; of the grid's {len(records)}: "
+        f"[ablation] trained {len(todo)} runs; of the grid's {len(runs)}: "
         + ", ".join(f"{count} {status}" for status, count in counts.items())
     )
     print(f"results in {root}")
@@ -238,10 +276,55 @@ def check_held_out(data_args: DataArguments) -> None:
         )
 
 
+def _quantize(grid: Grid, point: GridPoint, root: Path, schemes: list[str], batch_size: int) -> None:
+    """`evaluate_quantized` for `point`'s run where it finished and lacks a scheme of `schemes`."""
+    folder = point.folder(root)
+    done = read_json(folder / QUANTIZED_FILE) or {}
+    if schemes and not set(schemes) <= set(done) and run_status(grid, point, root) == FINISHED:
+        evaluate_quantized(folder, schemes, batch_size)
+
+
+def evaluate_quantized(folder: Path, schemes: list[str], batch_size: int) -> None:
+    """Write `quantized.json` into the finished run's `folder`: the loss on the report half of the blocks its
+    evaluations read (as `training_data.json` recorded them) of its final model unquantized ("none") and with each
+    scheme's weights, by `scalevec-eval`'s evaluation (the Trainer's block evaluation), on this process alone."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from ..data.held_out import EvaluationRecord, evaluation_halves, recorded_evaluation
+    from ..evaluate import evaluate_model
+    from ..modeling_scalevec import ScaleVecForCausalLM
+    from ..quantization import quantize_weights
+
+    evaluation = EvaluationRecord.read(read_json(folder / TRAINING_DATA) or {})
+    if evaluation is None or not evaluation.sets:
+        raise ValueError(f"--quantize: {folder / TRAINING_DATA} records no held-out blocks to evaluate")
+    report = {name: evaluation_halves(blocks)[1] for name, blocks in recorded_evaluation(evaluation).items()}
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    losses = {}
+    for scheme in ["none", *schemes]:  # each from the saved weights, loaded again: quantizing is in place
+        model = ScaleVecForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = model if scheme == "none" else quantize_weights(model, scheme)
+        losses[scheme] = evaluate_model(model, tokenizer, [], report, batch_size=batch_size).held_out["loss"]
+    write_text_atomically(folder / QUANTIZED_FILE, json.dumps(losses, indent=2) + "\n")
+
+
+def check_metric_configured(metric: str, data_args: DataArguments) -> None:
+    """Refuse, before anything trains, a --metric the runs of this configuration will not log."""
+    logged = ["eval_loss", "eval_perplexity", "eval_bits_per_byte"]
+    if data_args.eval_tasks:
+        tasks = set_names(parse_task_list(data_args.eval_tasks))
+        logged += [f"eval_{name}_{figure}" for name in (*tasks, TASKS_MEAN) for figure in TASK_FIGURES]
+    if metric not in logged:
+        raise ValueError(f"--metric {metric}: these runs will not log it; they log {', '.join(logged)}")
+
+
 def study_records(grid: Grid, root: Path) -> list[RunRecord]:
-    """Every point's record: from its run folder, else from the folder's `results.json`, else missing."""
+    """Every point's record (from its run folder, else from the folder's `results.json`, else missing), then those
+    of the budgets `--decay-at` branched from the runs (likewise)."""
     results = read_json(root / "results.json")
-    return grid_records(grid, root, load_records(results) if results else None)
+    recorded = load_records(results) if results else None
+    return [*grid_records(grid, root, recorded), *branch_records(grid, root, recorded)]
 
 
 def plan(grid: Grid, shard: tuple[int, int], done: int, todo: int, report_only: bool) -> str:

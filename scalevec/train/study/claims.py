@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .intervals import INCOMPLETE, MIN_SEEDS, TESTED, UNRESOLVED, UNTESTED, Interval, holm, paired_interval, verdict
+from .metric import LOSS, describe_metric, higher_is_better, oriented
 from .scaling import CLAIM_COUNT, MIN_SIZES, ScalingFit
 from .summary import SELECTED, VariantSummary
 from .variants import PREDICTIONS, VARIANT_GROUPS, VARIANTS
@@ -42,6 +43,15 @@ PAIRED_CLAIMS = (
     Claim("The magnitude–direction parametrisation helps", ("magdir",)),
 )
 LOWEST = "Unified has the lowest terminal loss of the strategies"
+QUANTIZES = "Unified quantizes as well as standard"
+QUANTIZATION_MARGIN = 0.01  # nats of report-half loss: the non-inferiority margin of the quantization rows
+QUANTIZATION_RULE = (
+    f"Quantization rows (`--quantize`): each run's final model is evaluated on the report half unquantized and with "
+    f"each scheme's weights; Δ per seed = unified's loss increase − standard's − {QUANTIZATION_MARGIN} nats (each at "
+    "its best learning rate), a non-inferiority test with that margin: it **holds** when the interval lies below 0 "
+    f"(unified loses at most {QUANTIZATION_MARGIN} nats more than standard), is **contradicted** when it lies above "
+    f"(unified loses more than standard by over {QUANTIZATION_MARGIN}), and is **unresolved** otherwise."
+)
 SCALING = "Unified scales more favourably than standard"
 
 
@@ -60,9 +70,12 @@ class ClaimTest:
     holm_verdict: str | None = None
 
 
-def claim_verdicts(summaries: list[VariantSummary], fits: list[ScalingFit], sizes: list[str]) -> list[ClaimTest]:
+def claim_verdicts(
+    summaries: list[VariantSummary], fits: list[ScalingFit], sizes: list[str], metric: str = LOSS
+) -> list[ClaimTest]:
     """Every claim of the paper, at each size of `sizes` where the grid holds its variants, then Holm's correction
-    over the rows tested."""
+    over the rows tested. The paired claims are judged on `metric` (as `summaries` measured it), its direction
+    orienting each prediction; the scaling claim on the fits of the held-out loss."""
     chosen = {(s.size, s.variant): s for s in summaries}
     variants = {variant for _, variant in chosen}
     tests = []
@@ -71,26 +84,33 @@ def claim_verdicts(summaries: list[VariantSummary], fits: list[ScalingFit], size
             variant = VARIANTS[name]
             if {name, variant.reference} <= variants:
                 pairs = [(chosen[size, name], [chosen[size, variant.reference]]) for size in sizes]
-                tests += [_paired(claim.statement, ours, theirs) for ours, theirs in pairs]
+                tests += [_paired(claim.statement, ours, theirs, metric) for ours, theirs in pairs]
             else:
-                tests.append(_untested(claim.statement, f"needs {name} and {variant.reference}", variant.expected))
+                why = f"needs {name} and {variant.reference}"
+                tests.append(_untested(claim.statement, why, oriented(variant.expected, metric)))
     others = [v for v in VARIANT_GROUPS["strategies"] if v != "unified" and v in variants]
     if "unified" in variants and others:
-        tests += [_paired(LOWEST, chosen[size, "unified"], [chosen[size, v] for v in others]) for size in sizes]
+        for size in sizes:
+            tests.append(_paired(LOWEST, chosen[size, "unified"], [chosen[size, v] for v in others], metric))
     else:
-        tests.append(_untested(LOWEST, "needs unified and another strategy", "lower"))
+        tests.append(_untested(LOWEST, "needs unified and another strategy", oriented("lower", metric)))
+    tests += _quantization(chosen, sizes)
     tests.append(_scaling(chosen, fits, sizes))
     _correct(tests)
     return tests
 
 
-def _paired(statement: str, ours: VariantSummary, theirs: list[VariantSummary]) -> ClaimTest:
+def _paired(statement: str, ours: VariantSummary, theirs: list[VariantSummary], metric: str) -> ClaimTest:
     """`ours` against its reference (`theirs`: one, Δ as `summarise` paired it), or, for the lowest-loss claim,
-    unified against the lowest of the other strategies in each seed."""
+    unified against the best of the other strategies in `metric` in each seed."""
     lowest = statement == LOWEST
-    expected = "lower" if lowest else VARIANTS[ours.variant].expected
+    expected = oriented("lower" if lowest else VARIANTS[ours.variant].expected, metric)
     compared = [ours, *theirs]
-    runs = f"{_at(ours)} − " + ("the lowest of " if lowest else "") + ", ".join(_at(s) for s in theirs)
+    runs = (
+        f"{_at(ours)} − "
+        + (f"the {'highest' if higher_is_better(metric) else 'lowest'} of " if lowest else "")
+        + ", ".join(_at(s) for s in theirs)
+    )
     missing = [f"{s.variant} {run}" for s in compared for run in s.missing]
     if missing:
         return ClaimTest(statement, ours.size, _missing(missing), PREDICTIONS[expected], expected, INCOMPLETE)
@@ -99,20 +119,52 @@ def _paired(statement: str, ours: VariantSummary, theirs: list[VariantSummary]) 
         unselectable = ", ".join(s.variant for s in compared if s.status != SELECTED)
         why = f"{unselectable}: no learning rate finished with a selection loss (diverged or not evaluated)"
         return ClaimTest(statement, ours.size, why, PREDICTIONS[expected], expected, UNTESTED)
-    differences = _below_lowest(ours, selected) if lowest else ours.differences
+    differences = _from_best(ours, selected, higher_is_better(metric)) if lowest else ours.differences
     flags = [f"{s.variant}: {s.edge}" for s in compared if s.edge]
     return _test(statement, ours.size, runs, expected, differences, flags)
 
 
-def _below_lowest(unified: VariantSummary, others: list[VariantSummary]) -> dict[int, float]:
-    """Seed -> unified's report loss minus the lowest of `others`' in that seed."""
+def _from_best(unified: VariantSummary, others: list[VariantSummary], highest: bool) -> dict[int, float]:
+    """Seed -> unified's report figure minus the best of `others`' in that seed (the lowest, or the `highest`)."""
     ours = unified.report_losses
     losses = [other.report_losses for other in others]
+    best = max if highest else min
     return {
-        seed: loss - min(other[seed] for other in losses)
+        seed: loss - best(other[seed] for other in losses)
         for seed, loss in ours.items()
         if all(seed in o for o in losses)
     }
+
+
+def _quantization(chosen: dict[tuple[str, str], VariantSummary], sizes: list[str]) -> list[ClaimTest]:
+    """Per scheme any run was quantized with, per size: unified's loss increase against standard's, on the loss
+    whatever --metric is (none without --quantize)."""
+    schemes = sorted({scheme for s in chosen.values() for scheme in s.quantization_increase})
+    tests = []
+    for scheme, size in ((scheme, size) for scheme in schemes for size in sizes):
+        statement = f"{QUANTIZES} ({scheme} weights)"
+        if not {(size, "unified"), (size, "standard")} <= set(chosen):
+            tests.append(_untested(statement, "needs unified and standard", "lower"))
+            continue
+        ours, theirs = chosen[size, "unified"], chosen[size, "standard"]
+        if missing := [f"{s.variant} {run}" for s in (ours, theirs) for run in s.missing]:
+            tests.append(ClaimTest(statement, size, _missing(missing), PREDICTIONS["lower"], "lower", INCOMPLETE))
+            continue
+        if ours.status != SELECTED or theirs.status != SELECTED:
+            why = "unified or standard: no learning rate finished with a selection loss"
+            tests.append(ClaimTest(statement, size, why, PREDICTIONS["lower"], "lower", UNTESTED))
+            continue
+        unified, standard = (s.quantization_increase.get(scheme, {}) for s in (ours, theirs))
+        differences = {
+            seed: unified[seed] - standard[seed] - QUANTIZATION_MARGIN for seed in unified if seed in standard
+        }
+        runs = (
+            f"{scheme} loss increase of {_at(ours)} − that of {_at(theirs)} − {QUANTIZATION_MARGIN} "
+            "(non-inferiority margin), report half"
+        )
+        flags = [f"{s.variant}: {s.edge}" for s in (ours, theirs) if s.edge]
+        tests.append(_test(statement, size, runs, "lower", differences, flags))
+    return tests
 
 
 def _scaling(chosen: dict, fits: list[ScalingFit], sizes: list[str]) -> ClaimTest:
@@ -175,8 +227,9 @@ def _correct(tests: list[ClaimTest]) -> None:
         test.holm_verdict = verdict(test.interval, test.expected, significant=adjusted < FAMILY_LEVEL)
 
 
-def claims_markdown(tests: list[ClaimTest], grid: str, runs: list[str]) -> str:
-    """`claims.md`: `runs`, the lines that say which runs finished, diverged and are missing, lead."""
+def claims_markdown(tests: list[ClaimTest], grid: str, runs: list[str], metric: str = LOSS) -> str:
+    """`claims.md`: `runs`, the lines that say which runs finished, diverged and are missing, lead; then the rule
+    and the metric the rows are judged on."""
     tested = [t for t in tests if t.verdict in TESTED]
     counts = {v: sum(t.verdict == v for t in tests) for v in (*TESTED, INCOMPLETE, UNTESTED)}
     tally = ", ".join(f"{count} {name}" for name, count in counts.items())
@@ -189,6 +242,9 @@ def claims_markdown(tests: list[ClaimTest], grid: str, runs: list[str]) -> str:
         "",
         RULE,
         "",
+        describe_metric(metric),
+        "",
+        *([QUANTIZATION_RULE, ""] if any(t.claim.startswith(QUANTIZES) for t in tests) else []),
         f"Rows: {len(tests)}, of which {len(tested)} tested ({tally}); Holm's correction is over those {len(tested)}.",
         "",
         "| claim | size | runs compared (learning rate) | prediction | Δ per seed | mean Δ [95 % interval] | verdict "

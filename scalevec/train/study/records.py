@@ -10,17 +10,26 @@ here imports the Trainer: reading a finished study needs no training code."""
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, astuple, dataclass, field, fields
 from pathlib import Path
 
 from ...atomic import write_text_atomically
 from ...configuration_scalevec import ScaleVecConfig
 from ...convert.meta_model import meta_state, num_parameters, scale_parameters
-from ...run_records import TRAINER_STATE, duration_text, logged_curve, read_json, read_run_records
+from ...run_records import (
+    TASK_FIGURES,
+    TASKS_MEAN,
+    TRAINER_STATE,
+    duration_text,
+    logged_curve,
+    read_json,
+    read_run_records,
+)
 from .grid import Grid, GridPoint, Size
 
 FINISHED, DIVERGED, MISSING = "finished", "diverged", "missing"
 DIVERGED_FILE = "diverged.json"  # written into a run's folder when its loss or weights became non-finite
+QUANTIZED_FILE = "quantized.json"  # `--quantize`: the report-half loss per weight scheme ("none": unquantized)
 
 
 @dataclass
@@ -46,6 +55,9 @@ class RunRecord:
     eval_report_loss: float | None = None  # the report half (differences are measured on it)
     train_seconds: float | None = None  # the whole run's wall time, over any resumes
     diverged_learning_rate: float | None = None  # the scheduled learning rate at the diverging step
+    metrics: dict[str, float] = field(default_factory=dict)  # the final evaluation's other figures (`figures`)
+    # `--quantize`: the report-half loss of the final model, unquantized ("none") and with each scheme's weights
+    quantized_report_loss: dict[str, float] = field(default_factory=dict)
 
     @property
     def point(self) -> GridPoint:
@@ -64,6 +76,16 @@ class RunRecord:
         evaluation = "-" if self.eval_loss is None else f"{self.eval_loss:.4f}"
         train = "-" if self.train_loss is None else f"{self.train_loss:.4f}"
         return f"{run}: train loss {train}, eval loss {evaluation}, {duration_text(self.train_seconds or 0.0)}"
+
+    def figure(self, metric: str) -> float | None:
+        """The final evaluation's `metric` (e.g. `eval_hellaswag_acc`); for the held-out loss, `eval_loss`, its
+        report half (the study's comparisons are made on it); None where the run did not log it."""
+        if metric == "eval_loss":
+            return self.eval_report_loss
+        return getattr(self, metric) if metric in _LOSS_FIELDS else self.metrics.get(metric)
+
+
+_LOSS_FIELDS = ("eval_select_loss", "eval_report_loss")
 
 
 def run_status(grid: Grid, point: GridPoint, root: Path) -> str:
@@ -86,7 +108,7 @@ def grid_records(grid: Grid, root: Path, recorded: dict[tuple, RunRecord] | None
         if status != MISSING:
             records.append(read_record(grid, point, root, status))
             continue
-        earlier = (recorded or {}).get((point.size, point.variant, point.learning_rate, point.seed, None))
+        earlier = (recorded or {}).get((*astuple(point), None))
         size = grid.size(point.size)
         missing = RunRecord(point.size, point.variant, point.learning_rate, point.seed, MISSING)
         missing.non_embedding_parameters = size.non_embedding_parameters
@@ -106,6 +128,11 @@ def read_record(grid: Grid, point: GridPoint, root: Path, status: str) -> RunRec
         record.step = int(diverged.get("step") or 0)
         record.diverged_learning_rate = diverged.get("learning_rate")
         return record
+    return measured(record, folder)
+
+
+def measured(record: RunRecord, folder: Path) -> RunRecord:
+    """`record` with what the finished run in `folder` measured."""
     records = read_run_records(folder)
     metrics = read_json(folder / "all_results.json") or {}  # the Trainer's: of the last segment only
     summary = records.summary or {}  # the whole run's, however often it was resumed
@@ -118,7 +145,39 @@ def read_record(grid: Grid, point: GridPoint, root: Path, status: str) -> RunRec
     record.eval_select_loss = evaluation.get("eval_select_loss")
     record.eval_report_loss = evaluation.get("eval_report_loss")
     record.train_seconds = float(summary.get("wall_seconds") or metrics.get("train_runtime", 0.0))
+    record.metrics = figures(evaluation)
+    record.quantized_report_loss = read_json(folder / QUANTIZED_FILE) or {}
     return record
+
+
+def figures(evaluation: dict[str, float]) -> dict[str, float]:
+    """The figures of a final evaluation a record keeps besides its losses: the held-out perplexity and bits per
+    byte over every set, and each task's and their mean's acc, acc_norm and bpb; not each held-out set's figures,
+    nor counts (tokens, items), to keep records small."""
+    tasks = {key.removeprefix("eval_").removesuffix("_items") for key in evaluation if key.endswith("_items")}
+    kept = {f"eval_{name}_{figure}" for name in (*tasks, TASKS_MEAN) for figure in TASK_FIGURES}
+    kept |= {"eval_perplexity", "eval_bits_per_byte"}
+    return {key: value for key, value in evaluation.items() if key in kept}
+
+
+def branch_records(grid: Grid, root: Path, recorded: dict[tuple, RunRecord] | None = None) -> list[RunRecord]:
+    """A record for every finished budget that `--decay-at` branched from the grid's finished runs (`budget` its
+    fraction; the run itself is the budget 1 and its record `grid_records`'), from the branch's folder, else from
+    `recorded` (an earlier `results.json`'s records); in the grid's order, then the fewest tokens first."""
+    from .budgets import read_budgets  # reads run folders with the training code's helpers
+
+    points = grid.points()
+    order = {point: index for index, point in enumerate(points)}
+    found = {key: r for key, r in (recorded or {}).items() if r.budget is not None and r.point in order}
+    for point in points:
+        if run_status(grid, point, root) != FINISHED:
+            continue
+        for budget in read_budgets(point.folder(root)):
+            if budget.fraction < 1:
+                record = RunRecord(*astuple(point), FINISHED, budget=budget.fraction)
+                record.non_embedding_parameters = grid.size(point.size).non_embedding_parameters
+                found[record.key] = measured(record, Path(budget.output_dir))
+    return sorted(found.values(), key=lambda r: (order[r.point], r.budget))
 
 
 @functools.lru_cache(maxsize=256)  # a report reads every run: one count per size and variant, not per run

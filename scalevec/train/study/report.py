@@ -1,6 +1,7 @@
 """The files a study writes into its folder from the records of its grid (`records.grid_records`): `results.md` and
 `results.json` (which runs finished, diverged or are missing; each size and variant at its best learning rate;
-every learning rate; the scaling fits; the claims; every run's record), `claims.md`, and the figures
+every learning rate; the scaling fits; loss against tokens and the fit of L(N, D) where `--decay-at` branched budgets;
+the claims; every run's and every budget's record), `claims.md`, and the figures
 `loss_curves.png` (from the run folders, when they are all there) and `scaling.png`. The text files are a function of
 the records alone, so `results.json`'s records write them again byte for byte. Every file is replaced whole
 (atomically): shards writing them at once leave the last complete one."""
@@ -13,10 +14,12 @@ from pathlib import Path
 
 from ...atomic import write_text_atomically
 from ...run_records import duration_text
+from .budgets import NOT_TESTED, BudgetRow, SurfaceFit, describe, fit_surfaces, markdown_table
 from .claims import claim_verdicts, claims_markdown, interval_text
 from .curves import plot_losses
 from .grid import Grid
 from .intervals import paired_interval
+from .metric import LOSS, describe_metric
 from .records import DIVERGED, FINISHED, MISSING, RunRecord, records_json
 from .scaling import COUNTS, REPLICATES, ScalingFit, plot_scaling, scaling_fits
 from .summary import SELECTED, Key, VariantSummary, best_runs, summarise
@@ -33,17 +36,32 @@ INTRO = (
 )
 
 
-def write_report(records: list[RunRecord], grid: Grid, root: Path, figures: bool = True) -> tuple[str, str]:
-    """Write the study's files into `root` from `records` (every point of `grid`'s); returns the text of
-    `results.md` and of `claims.md`."""
-    summaries = summarise(records, grid)
+def write_report(
+    records: list[RunRecord],
+    grid: Grid,
+    root: Path,
+    figures: bool = True,
+    budget_fits: bool = True,
+    metric: str = LOSS,
+) -> tuple[str, str]:
+    """Write the study's files into `root` from `records` (every point of `grid`'s, then the budgets branched from
+    them); returns the text of `results.md` and of `claims.md`. Without `figures` no picture is drawn, and without
+    `budget_fits` no L(N, D) fit (its bootstrap takes seconds per variant): the rewrite after every run skips both.
+    The claims are judged on `metric` (`study.metric`), the learning rates chosen on the held-out loss."""
+    branches = [r for r in records if r.budget is not None]
+    records = [r for r in records if r.budget is None]
+    summaries = summarise(records, grid, metric)
     best = best_runs(records, summaries)
     sizes = [size.name for size in grid.sizes]
     fits = scaling_fits(best, sizes, len(grid.seeds))
-    claims = claim_verdicts(summaries, fits, sizes)
+    claims = claim_verdicts(summaries, fits, sizes, metric)
     runs = status_lines(records)
-    table = results_markdown(records, runs, best, summaries, fits, grid)
-    verdicts = claims_markdown(claims, grid.describe(), runs)
+    rows = budget_rows(best, branches)
+    surfaces = fit_surfaces(rows) if budget_fits and rows else None
+    table = results_markdown(records, runs, best, summaries, fits, grid, metric)
+    if branches:
+        table += "\n" + "\n".join(budgets_section(rows, surfaces)) + "\n"
+    verdicts = claims_markdown(claims, grid.describe(), runs, metric)
     results = {
         "grid": {
             "sizes": [asdict(size) for size in grid.sizes],
@@ -52,11 +70,13 @@ def write_report(records: list[RunRecord], grid: Grid, root: Path, figures: bool
             "seeds": grid.seeds,
             "runs": len(grid.points()),
         },
+        "metric": metric,
         "counts": {status: sum(r.status == status for r in records) for status in (FINISHED, DIVERGED, MISSING)},
         "summary": [asdict(s) for s in summaries],
         "scaling": [{k: v for k, v in asdict(fit).items() if k != "replicate_alphas"} for fit in fits],
         "claims": [asdict(claim) for claim in claims],
-        "runs": records_json(records),
+        "budget_fits": None if surfaces is None else {v: asdict(fit) for v, fit in surfaces.items()},
+        "runs": records_json([*records, *branches]),
     }
     write_text_atomically(root / "results.json", json.dumps(_finite(results), indent=2) + "\n")
     write_text_atomically(root / "results.md", table)
@@ -78,6 +98,49 @@ def _finite(value):
     if isinstance(value, list | tuple):
         return [_finite(item) for item in value]
     return value
+
+
+def budget_rows(best: dict[Key, list[RunRecord]], branches: list[RunRecord]) -> list[BudgetRow]:
+    """Each run's report-half loss at every budget, the run itself (fraction 1) and its branches, of each size and
+    variant at its best learning rate: chosen on the whole budget's selection half, whichever budget is shown."""
+    rows = []
+    for (size, variant), runs in best.items():
+        rate = runs[0].learning_rate
+        budgets = [r for r in branches if (r.size, r.variant, r.learning_rate) == (size, variant, rate)]
+        for r in [*runs, *budgets]:
+            if r.status == FINISHED and r.eval_report_loss is not None:
+                fraction = 1.0 if r.budget is None else r.budget
+                rows.append(
+                    BudgetRow(
+                        variant, size, r.non_embedding_parameters, r.tokens, r.seed, r.eval_report_loss, fraction
+                    )
+                )
+    return rows
+
+
+def budgets_section(rows: list[BudgetRow], fits: dict[str, SurfaceFit] | None) -> list[str]:
+    """Loss against tokens per size, and the fit of L(N, D) over sizes and budgets (or why there is none)."""
+    lines = [
+        "## Loss against tokens",
+        "",
+        "Report-half loss (`eval_report_loss`: mean ± standard deviation over seeds, and their number) at each budget "
+        "`--decay-at` branched from the runs (the run itself is the budget 1; a branch trains the cooldown of a run "
+        "of that many tokens from the run's stable phase), each variant at the learning rate chosen on the whole "
+        "budget's selection half: the smaller budgets are not tuned on their own.",
+        "",
+        markdown_table(rows),
+        "",
+    ]
+    if fits is None:
+        return [
+            *lines,
+            "The L(N, D) fit is in the study's final report and in `--report-only`'s (its seed bootstrap "
+            "takes seconds per variant), not in the rewrite after each run.",
+        ]
+    if all(fit.status == NOT_TESTED for fit in fits.values()):
+        reasons = "; ".join(f"{variant}: {fit.reason}" for variant, fit in fits.items())
+        return [*lines, f"L(N, D) = E + A·N^-α + B·D^-β: not tested ({reasons})."]
+    return [*lines, "Fitted on the report-half losses above.", "", describe(fits)]
 
 
 def status_lines(records: list[RunRecord]) -> list[str]:
@@ -108,6 +171,7 @@ def results_markdown(
     summaries: list[VariantSummary],
     fits: list[ScalingFit],
     grid: Grid,
+    metric: str = LOSS,
 ) -> str:
     finished = sum(r.status == FINISHED for r in records)
     rows = [
@@ -120,10 +184,12 @@ def results_markdown(
         *(f"- {size.describe()}" for size in grid.sizes),
         "",
         INTRO,
+        "",
+        describe_metric(metric),
     ]
     for size in grid.sizes:
         ours = [s for s in summaries if s.size == size.name]
-        rows += ["", f"## {size.name}", "", *_size_tables(ours, best)]
+        rows += ["", f"## {size.name}", "", *_size_tables(ours, best, metric)]
     rows += ["", "## Scaling", "", *scaling_table(fits)]
     rows += ["", "The paper's claims, each with its verdict: `claims.md`."]
     return "\n".join(rows) + "\n"
@@ -148,9 +214,10 @@ def scaling_table(fits: list[ScalingFit]) -> list[str]:
     return rows
 
 
-def _size_tables(summaries: list[VariantSummary], best: dict[Key, list[RunRecord]]) -> list[str]:
+def _size_tables(summaries: list[VariantSummary], best: dict[Key, list[RunRecord]], metric: str) -> list[str]:
+    figure = "report loss" if metric == LOSS else metric
     rows = [
-        "| variant | best lr | report loss (mean ± std) | reference | Δ per seed | mean Δ [95 %] | paper "
+        f"| variant | best lr | {figure} (mean ± std) | reference | Δ per seed | mean Δ [95 %] | paper "
         "| final train loss | tokens | parameters (non-embedding / total / active) | scale params | train time / run "
         "| learning-rate grid |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",

@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .grid import Grid
+from .metric import LOSS, oriented
 from .records import DIVERGED, FINISHED, MISSING, RunRecord
 from .variants import VARIANTS
 
@@ -50,6 +51,7 @@ class VariantSummary:
     reference_learning_rate: float | None = None  # the reference's own best learning rate
     differences: dict[int, float] = field(default_factory=dict)  # seed -> report loss minus the reference's
     expected: str | None = None
+    quantization_increase: dict[str, dict[int, float]] = field(default_factory=dict)  # scheme -> seed -> increase
 
 
 def by_learning_rate(records: list[RunRecord]) -> dict[Key, dict[float, list[RunRecord]]]:
@@ -61,12 +63,12 @@ def by_learning_rate(records: list[RunRecord]) -> dict[Key, dict[float, list[Run
     return grouped
 
 
-def _rate_result(learning_rate: float, runs: list[RunRecord]) -> LearningRateResult:
+def _rate_result(learning_rate: float, runs: list[RunRecord], metric: str) -> LearningRateResult:
     def seeds(status: str) -> list[int]:
         return [r.seed for r in runs if r.status == status]
 
     select = [r.eval_select_loss for r in runs]
-    report = [r.eval_report_loss for r in runs if r.status == FINISHED and r.eval_report_loss is not None]
+    report = [r.figure(metric) for r in runs if r.status == FINISHED and r.figure(metric) is not None]
     selectable = all(r.status == FINISHED for r in runs) and None not in select
     return LearningRateResult(
         learning_rate=learning_rate,
@@ -79,9 +81,12 @@ def _rate_result(learning_rate: float, runs: list[RunRecord]) -> LearningRateRes
     )
 
 
-def select(size: str, variant: str, rates: dict[float, list[RunRecord]], grid: Grid) -> VariantSummary:
-    """The best learning rate of one (size, variant) on the selection half, or why there is none."""
-    results = [_rate_result(lr, rates.get(lr, [])) for lr in grid.learning_rates]
+def select(
+    size: str, variant: str, rates: dict[float, list[RunRecord]], grid: Grid, metric: str = LOSS
+) -> VariantSummary:
+    """The best learning rate of one (size, variant) on the selection half, or why there is none; its figures in
+    `metric`."""
+    results = [_rate_result(lr, rates.get(lr, []), metric) for lr in grid.learning_rates]
     missing = [f"lr {r.learning_rate:g} seed {seed}" for r in results for seed in r.missing]
     summary = VariantSummary(size, variant, INCOMPLETE if missing else NONE_SELECTABLE, missing, results)
     candidates = [r for r in results if r.select_loss_mean is not None]
@@ -92,7 +97,8 @@ def select(size: str, variant: str, rates: dict[float, list[RunRecord]], grid: G
     summary.status, summary.best_learning_rate = SELECTED, best.learning_rate
     summary.edge = edge_flag(best.learning_rate, grid.learning_rates)
     summary.report_loss_mean, summary.report_loss_std = best.report_loss_mean, best.report_loss_std
-    summary.report_losses = report_losses(runs)
+    summary.report_losses = report_losses(runs, metric)
+    summary.quantization_increase = quantization_increase(runs)
     trained = [r.train_loss for r in runs if r.train_loss is not None]
     summary.train_loss_mean = statistics.fmean(trained) if trained else None
     return summary
@@ -119,21 +125,36 @@ def best_runs(records: list[RunRecord], summaries: list[VariantSummary]) -> dict
     }
 
 
-def report_losses(runs: list[RunRecord]) -> dict[int, float]:
-    return {r.seed: r.eval_report_loss for r in runs if r.eval_report_loss is not None}
+def report_losses(runs: list[RunRecord], metric: str = LOSS) -> dict[int, float]:
+    """Seed -> the runs' `metric` (for the held-out loss, its report half)."""
+    return {r.seed: r.figure(metric) for r in runs if r.figure(metric) is not None}
 
 
-def paired_differences(variant: list[RunRecord], reference: list[RunRecord]) -> dict[int, float]:
-    """Seed -> report-half loss of `variant` minus that of `reference`, over the seeds both have."""
-    ours, theirs = report_losses(variant), report_losses(reference)
+def quantization_increase(runs: list[RunRecord]) -> dict[str, dict[int, float]]:
+    """Scheme -> seed -> the report-half loss of the run's final model with that scheme's weights minus without
+    (both evaluated after training, `--quantize`)."""
+    increases = defaultdict(dict)
+    for r in runs:
+        base = r.quantized_report_loss.get("none")
+        for scheme, loss in r.quantized_report_loss.items():
+            if scheme != "none" and base is not None and loss is not None:
+                increases[scheme][r.seed] = loss - base
+    return dict(sorted(increases.items()))
+
+
+def paired_differences(variant: list[RunRecord], reference: list[RunRecord], metric: str = LOSS) -> dict[int, float]:
+    """Seed -> `metric` (the report-half loss by default) of `variant` minus that of `reference`, over the seeds
+    both have."""
+    ours, theirs = report_losses(variant, metric), report_losses(reference, metric)
     return {seed: loss - theirs[seed] for seed, loss in ours.items() if seed in theirs}
 
 
-def summarise(records: list[RunRecord], grid: Grid) -> list[VariantSummary]:
-    """Per size and variant of `grid`, in its order; `records`: every point's (`grid_records`)."""
+def summarise(records: list[RunRecord], grid: Grid, metric: str = LOSS) -> list[VariantSummary]:
+    """Per size and variant of `grid`, in its order; `records`: every point's (`grid_records`); losses and
+    differences in `metric` (`study.metric`), each variant's prediction as its sign."""
     grouped = by_learning_rate(records)
     summaries = [
-        select(size.name, variant, grouped.get((size.name, variant), {}), grid)
+        select(size.name, variant, grouped.get((size.name, variant), {}), grid, metric)
         for size in grid.sizes
         for variant in grid.variants
     ]
@@ -144,6 +165,6 @@ def summarise(records: list[RunRecord], grid: Grid) -> list[VariantSummary]:
         reference = chosen.get((s.size, variant.reference))
         if s.status == SELECTED and reference is not None and reference.status == SELECTED:
             s.reference, s.reference_learning_rate = variant.reference, reference.best_learning_rate
-            s.differences = paired_differences(best[s.size, s.variant], best[s.size, variant.reference])
-            s.expected = variant.expected
+            s.differences = paired_differences(best[s.size, s.variant], best[s.size, variant.reference], metric)
+            s.expected = oriented(variant.expected, metric)
     return summaries
