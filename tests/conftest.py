@@ -16,6 +16,7 @@ SLOW_FILES = {
     "test_cpu_kernels.py",  # the kernels' C++ build
     "test_data_preparation.py",
     "test_data_training.py",
+    "test_decay_branches.py",  # training runs and their branches
     "test_distributed.py",
     "test_ecosystem.py",
     "test_evaluation.py",
@@ -23,13 +24,16 @@ SLOW_FILES = {
     "test_hub_push.py",
     "test_hub_server.py",
     "test_main_job.py",
+    "test_quantization.py",  # a trained model, and commands in a fresh interpreter
     "test_old_transformers.py",
     "test_study.py",
+    "test_tasks.py",  # torchrun, lm-eval, training runs
     "test_train_cli.py",
     "test_train_preemption.py",
 }
 # ... and single tests of the other files (by function name, every parameter).
 SLOW_TESTS = {
+    "test_study_quantization.py": {"test_each_run_records_its_quantized_losses_and_the_claim_gets_a_row"},
     "test_data_prepared.py": {"test_a_50_mb_line_is_prepared_in_bounded_memory"},
     "test_intree.py": {"test_task_heads_train_and_load_with_remote_code_where_scalevec_is_absent"},
     "test_modeling.py": {
