@@ -75,7 +75,7 @@ def residual_kurtosis(run: Path) -> float:
     return max(value for key, value in logged[-1].items() if key.startswith("scale/kurtosis/residual/"))
 
 
-def spread(values: list[float], digits: int = 4) -> str:
+def spread(values: list[float], digits: int = 5) -> str:
     return f"{statistics.median(values):+.{digits}f} [{min(values):+.{digits}f}, {max(values):+.{digits}f}]"
 
 
