@@ -88,10 +88,16 @@ def evaluate_model(
     if world_size > 1:
         held_sums, task_sums = reduce_together(held_sums, task_sums)
     metrics = task_metrics([task.name for task in tasks], task_sums)
-    scores = {
-        task.name: {key: metrics[f"eval_{task.name}_{key}"] for key in (*TASK_FIGURES, "items")} for task in tasks
-    }
+    scores = {task.name: _task_scores(task, metrics) for task in tasks}
     return EvaluationResult(name, scores, _held_out_figures(held_sums), time.perf_counter() - start)
+
+
+def _task_scores(task: Task, metrics: dict[str, float]) -> dict:
+    """A task's figures; a built-in task also names its Hub dataset and revision (the card's .eval_results/)."""
+    scores = {key: metrics[f"eval_{task.name}_{key}"] for key in (*TASK_FIGURES, "items")}
+    if task.dataset is not None:
+        scores.update(dataset=task.dataset, revision=task.revision)
+    return scores
 
 
 def _held_out_figures(sums: torch.Tensor) -> dict[str, float] | None:

@@ -209,6 +209,9 @@ def test_a_builtin_task_and_its_exported_file_score_the_same_items(tmp_path, mon
     assert builtin.items == from_file.items and len(builtin.items) == 10
     assert builtin.items[0] == hellaswag_item(rows[int(builtin.items[0].context.split("Step ")[1].split(".")[0])])
     assert asked[0] == ("Rowan/hellaswag", None, "validation", BUILTIN_TASKS["hellaswag"].revision)
+    # a built-in's scores name its Hub dataset, for the card's .eval_results/ files; a file's name none
+    assert (builtin.dataset, builtin.revision) == ("Rowan/hellaswag", BUILTIN_TASKS["hellaswag"].revision)
+    assert from_file.dataset is None
 
 
 def test_the_subset_is_fixed_spread_and_nested(tmp_path):

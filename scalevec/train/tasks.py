@@ -62,6 +62,8 @@ class Task:
     source: str  # the file, or the Hub dataset, revision and split
     items: list[TaskItem]  # the evaluated subset
     available: int  # items in the source
+    dataset: str | None = None  # a built-in task's Hub dataset (for the Hub's .eval_results/ files)
+    revision: str | None = None  # ... and its commit (None: not pinned)
 
 
 # --- built-in tasks: lm-eval's task yamls (lm_eval/tasks/<task>/), mapped row by row ---------------------------
@@ -192,7 +194,7 @@ def _load_builtin(name: str, examples: int) -> Task:
         ) from None
     chosen = evaluation_blocks(len(rows), examples)
     items = [task.to_item(row) for row in rows.select(chosen)]
-    return Task(name, f"{where}, {task.split} split", items, len(rows))
+    return Task(name, f"{where}, {task.split} split", items, len(rows), task.path, task.revision)
 
 
 def read_task_file(path: Path) -> list[TaskItem]:
