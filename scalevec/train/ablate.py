@@ -240,11 +240,11 @@ def run_ablation(
         _train(point, grid, model_args, data_args, training_args)
         if main_process:
             _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
-        if main_process:
             records = study_records(grid, root)
             done_now = next(r for r in records if r.point == point and r.budget is None)
             print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
-            write_report(records, grid, root, False, False, metric)  # a killed study still reports (no figure, no fit)
+            # a killed study still reports; figures and the budgets' bootstrap fits only at the end
+            write_report(records, grid, root, figures=False, budget_fits=False, metric=metric)
     if not main_process:
         return []
     for point in [] if ablation.report_only else share:  # finished runs --resume kept, trained without --quantize
