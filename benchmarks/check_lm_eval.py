@@ -50,7 +50,7 @@ def main() -> None:
 
     from scalevec import ScaleVecConfig, ScaleVecForCausalLM
     from scalevec.data import default_tokenizer
-    from scalevec.evaluate import evaluate_model
+    from scalevec.train.evaluation import evaluate_model
     from scalevec.train.presets import size_fields
     from scalevec.train.task_scoring import TaskEvaluation
     from scalevec.train.tasks import load_tasks

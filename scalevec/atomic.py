@@ -4,6 +4,7 @@ one. Also the one place that turns the OS errors a user can cause into a sentenc
 import ctypes
 import errno
 import fcntl
+import io
 import os
 import re
 import shutil
@@ -54,6 +55,17 @@ def write_bytes_atomically(path: str | Path, data: bytes) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_figure_atomically(fig, path: str | Path) -> Path:
+    """Write a matplotlib figure as PNG atomically (a reader never sees half a file, and processes drawing the same
+    figure at once, as the shards of a study do, do not clash) and close it."""
+    import matplotlib.pyplot as plt
+
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format="png")
+    plt.close(fig)
+    return write_bytes_atomically(path, image.getvalue())
 
 
 def fsync_path(path: str | Path) -> None:

@@ -17,95 +17,17 @@ import argparse
 import json
 import os
 import sys
-import time
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .atomic import exit_status, write_text_atomically
 from .data.build import DEFAULT_SEQ_LEN, DataArguments, build_held_out_data
-from .data.collator import PackedBlockCollator
 from .data.held_out import DEFAULT_EVAL_TOKENS, DEFAULT_TASK_EXAMPLES
-from .quantization import parse_schemes, quantization_deltas, quantize_weights
-from .run_records import TASK_FIGURES
-from .train.evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, token_byte_lengths
-from .train.task_scoring import TaskEvaluation, model_length, reduce_together, task_metrics
-from .train.tasks import BUILTIN_TASKS, Task, item_record, load_tasks, parse_task_list
-
-
-@dataclass
-class EvaluationResult:
-    model: str
-    tasks: dict[str, dict[str, float]]  # name -> acc, acc_norm, bpb, items
-    held_out: dict[str, float] | None  # loss, perplexity, bits_per_byte, tokens
-    seconds: float
-    quantized: dict[str, "EvaluationResult"] = field(default_factory=dict)  # scheme -> the quantized model's scores
-
-    def scores(self) -> dict:
-        return {"tasks": self.tasks, "held_out": self.held_out}
-
-    def differences(self) -> dict[str, dict]:
-        """Per quantization scheme, its scores minus the unquantized ones (`quantization_deltas`)."""
-        return quantization_deltas(self.scores(), {scheme: q.scores() for scheme, q in self.quantized.items()})
-
-    def to_json(self) -> str:
-        record = {"model": self.model, **self.scores(), "seconds": self.seconds}
-        if self.quantized:
-            record["quantized"] = {s: {**q.scores(), "seconds": q.seconds} for s, q in self.quantized.items()}
-            record["differences"] = self.differences()
-        return json.dumps(record, indent=2) + "\n"
-
-
-def evaluate_model(
-    model: torch.nn.Module,
-    tokenizer,
-    tasks: list[Task],
-    held_out: dict[str, torch.utils.data.Dataset] | None = None,
-    *,
-    name: str = "",
-    batch_size: int = 8,
-    rank: int = 0,
-    world_size: int = 1,
-) -> EvaluationResult:
-    """Score `model` on `tasks` and on the `held_out` block sets (each process its share of items and blocks,
-    the sums added in one all-reduce when `world_size` > 1). One call per model: a caller comparing variants of a
-    model (quantized ones, say) calls it once for each, on the same tasks and blocks."""
-    start = time.perf_counter()
-    model.eval()
-    device = next(model.parameters()).device
-    task_sums = TaskEvaluation(tokenizer, rank, world_size, batch_size, device).sums(model, tasks)
-    held_out = held_out or {}
-    lengths = token_byte_lengths(tokenizer)
-    token_bytes = torch.from_numpy(lengths).to(device) if lengths is not None else None
-    blocks = BlockEvaluation(
-        rank, world_size, batch_size, PackedBlockCollator(tokenizer.eos_token_id), device, nullcontext
-    )
-    held_sums = torch.zeros(len(held_out), 3, dtype=torch.float64, device=device)
-    for row, sets in zip(held_sums, held_out.values()):
-        row += blocks.sums(model, sets, token_bytes)
-    if world_size > 1:
-        held_sums, task_sums = reduce_together(held_sums, task_sums)
-    metrics = task_metrics([task.name for task in tasks], task_sums)
-    scores = {task.name: _task_scores(task, metrics) for task in tasks}
-    return EvaluationResult(name, scores, _held_out_figures(held_sums), time.perf_counter() - start)
-
-
-def _task_scores(task: Task, metrics: dict[str, float]) -> dict:
-    """A task's figures; a built-in task also names its Hub dataset and revision (the card's .eval_results/)."""
-    scores = {key: metrics[f"eval_{task.name}_{key}"] for key in (*TASK_FIGURES, "items")}
-    if task.dataset is not None:
-        scores.update(dataset=task.dataset, revision=task.revision)
-    return scores
-
-
-def _held_out_figures(sums: torch.Tensor) -> dict[str, float] | None:
-    if not len(sums):
-        return None
-    total = sum((HeldOutSums(row[0], round(row[1]), round(row[2])) for row in sums.tolist()), HeldOutSums())
-    metrics = held_out_metrics({"all": total}, "eval", per_set=False)
-    return {key.removeprefix("eval_"): value for key, value in metrics.items()}
+from .quantization import parse_schemes, quantize_weights
+from .train.evaluation import EvaluationResult, evaluate_model
+from .train.task_scoring import model_length
+from .train.tasks import BUILTIN_TASKS, item_record, load_tasks, parse_task_list
 
 
 def describe(result: EvaluationResult) -> str:

@@ -15,9 +15,9 @@ import torch
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM
 from scalevec.data import default_tokenizer
-from scalevec.evaluate import evaluate_model
 from scalevec.evaluate import main as evaluate_main
 from scalevec.train.cli import main as train_main
+from scalevec.train.evaluation import evaluate_model
 from scalevec.train.task_scoring import TaskEvaluation, encode_pair, item_scores
 from scalevec.train.tasks import (
     BUILTIN_TASKS,

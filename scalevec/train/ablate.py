@@ -45,7 +45,7 @@ from ..quantization import parse_schemes
 from ..run_records import TASK_FIGURES, TASKS_MEAN, TRAINING_DATA, read_json
 from ..shards import parse_shard
 from .branches import plan_budgets, unfinished_budgets
-from .cli import ModelArguments, _check_output_dir, _config_overrides, parse_arguments, train
+from .cli import ModelArguments, check_output_dir, config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
 from .report import tokens_per_step
 from .study.grid import Grid, GridPoint, build_sizes
@@ -179,7 +179,7 @@ def build_grid(
     data_args: DataArguments,
     training_args: ScaleVecTrainingArguments,
 ) -> Grid:
-    overrides = _config_overrides(model_args.config_overrides)
+    overrides = config_overrides(model_args.config_overrides)
     clash = [key for key in SIZE_FIELDS if key in overrides]
     if ablation.sizes is not None and clash:
         raise ValueError(f"--config-overrides sets {clash[0]}, which --sizes sets for each size")
@@ -232,7 +232,7 @@ def run_ablation(
     ]
     todo = [] if ablation.report_only else [p for p in share if not (model_args.resume and p in done)]
     for point in todo:  # before anything trains: a folder of the grid that holds files needs --resume
-        _check_output_dir(point.folder(root), model_args.resume)
+        check_output_dir(point.folder(root), model_args.resume)
     main_process = training_args.process_index == 0
     if main_process:
         print(plan(grid, (index, count), len(done), len(todo), ablation.report_only), flush=True)
@@ -292,9 +292,9 @@ def evaluate_quantized(folder: Path, schemes: list[str], batch_size: int) -> Non
     from transformers import AutoTokenizer
 
     from ..data.held_out import EvaluationRecord, evaluation_halves, recorded_evaluation
-    from ..evaluate import evaluate_model
     from ..modeling_scalevec import ScaleVecForCausalLM
     from ..quantization import quantize_weights
+    from .evaluation import evaluate_model
 
     evaluation = EvaluationRecord.read(read_json(folder / TRAINING_DATA) or {})
     if evaluation is None or not evaluation.sets:

@@ -107,11 +107,11 @@ def build_model_config(args: ModelArguments, tokenizer) -> ScaleVecConfig:
     for name in (*SCALE_FIELDS, "qk_norm"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
-    fields.update(_config_overrides(args.config_overrides))
+    fields.update(config_overrides(args.config_overrides))
     return ScaleVecConfig(**fields)
 
 
-def _config_overrides(text: str | None) -> dict:
+def config_overrides(text: str | None) -> dict:
     try:
         overrides = json.loads(text or "{}")
     except ValueError as error:
@@ -121,7 +121,7 @@ def _config_overrides(text: str | None) -> dict:
     return overrides
 
 
-def _check_output_dir(output_dir: Path, resuming: bool) -> None:
+def check_output_dir(output_dir: Path, resuming: bool) -> None:
     if output_dir.is_dir() and any(p.name != LOCK_NAME for p in output_dir.iterdir()) and not resuming:
         raise ValueError(
             f"--output-dir {output_dir} already holds files; pass --resume to continue that run, or choose another "
@@ -158,7 +158,7 @@ def _train(
     lora_args: LoraArguments,
 ):
     output_dir = Path(training_args.output_dir)
-    _check_output_dir(output_dir, model_args.resume or training_args.resume_from_checkpoint)
+    check_output_dir(output_dir, model_args.resume or training_args.resume_from_checkpoint)
     if model_args.resume and (step := finished_step(output_dir, training_args.max_steps)) is not None:
         print(f"scalevec-train: the run in {output_dir} already finished at step {step}: nothing to train")
         return TrainResult(output_dir, _recorded_metrics(output_dir), _picture(output_dir))

@@ -1,6 +1,5 @@
 """Scale-vector diagnostics: per-site statistics logged during training, and the end-of-run picture."""
 
-import io
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -9,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from ..atomic import write_bytes_atomically
+from ..atomic import write_figure_atomically
 from ..modeling_scalevec import ScaleVecScale
 from ..run_records import RUN_PICTURE, logged_curve
 from ..scale_sites import scale_site, vector_statistics
@@ -177,7 +176,7 @@ def _unwrap(model):
 
 def plot_run(log_history: list[dict], stats: dict, path: Path) -> Path:
     """Write the picture of a run (`run_figure`) to `path`."""
-    return save_figure(run_figure(log_history, stats), path)
+    return write_figure_atomically(run_figure(log_history, stats), path)
 
 
 # One line style per part of the block (attention, MLP or MoE, the rest), a colour per site within it, so that no
@@ -235,14 +234,3 @@ def run_figure(log_history: list[dict], stats: dict):
     fig.text(0.01, 0.01, READING, fontsize=8.5, wrap=True, va="bottom")
     fig.subplots_adjust(left=0.05, right=0.99, top=0.94, bottom=0.38, wspace=0.22)
     return fig
-
-
-def save_figure(fig, path: Path) -> Path:
-    """Write a matplotlib figure as PNG atomically (a reader never sees half a file, and processes drawing the same
-    figure at once, as the shards of a study do, do not clash) and close it."""
-    import matplotlib.pyplot as plt
-
-    image = io.BytesIO()
-    fig.savefig(image, dpi=110, format="png")
-    plt.close(fig)
-    return write_bytes_atomically(path, image.getvalue())

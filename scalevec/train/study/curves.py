@@ -5,6 +5,7 @@ reference variant."""
 import statistics
 from pathlib import Path
 
+from ...atomic import write_figure_atomically
 from ...run_records import logged_curve, read_run_records
 from .records import RunRecord
 from .summary import Key, paired_differences
@@ -31,8 +32,6 @@ def plot_losses(best: dict[Key, list[RunRecord]], root: Path, path: Path) -> Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..diagnostics import save_figure
-
     sizes = list(dict.fromkeys(size for size, _ in best))
     fig, axes = plt.subplots(
         len(sizes), 3, figsize=(17, 4.8 * len(sizes)), gridspec_kw={"width_ratios": [3, 3, 2]}, squeeze=False
@@ -55,7 +54,7 @@ def plot_losses(best: dict[Key, list[RunRecord]], root: Path, path: Path) -> Pat
         tail.set(title="last 40 % of steps", xlabel="step")
         _plot_differences(paired, best, size, colours)
     fig.tight_layout()
-    return save_figure(fig, path)
+    return write_figure_atomically(fig, path)
 
 
 def _min_max(values: list[list[float]]) -> tuple[list[float], list[float]]:

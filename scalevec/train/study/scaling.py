@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import minimize
 
+from ...atomic import write_figure_atomically
 from .records import RunRecord
 from .summary import Key, report_losses
 
@@ -140,8 +141,6 @@ def plot_scaling(best: dict[Key, list[RunRecord]], fits: list[ScalingFit], path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from ..diagnostics import save_figure
-
     fig, axis = plt.subplots(figsize=(8, 5.5))
     shown = {fit.variant: fit for fit in fits if fit.counted == CLAIM_COUNT}
     for index, variant in enumerate(dict.fromkeys(variant for _, variant in best)):
@@ -166,4 +165,4 @@ def plot_scaling(best: dict[Key, list[RunRecord]], fits: list[ScalingFit], path:
     axis.set_title("each size at its best learning rate; line: E + A·N^-α (Huber on log L)", fontsize=10)
     axis.legend(fontsize="small")
     fig.tight_layout()
-    return save_figure(fig, path)
+    return write_figure_atomically(fig, path)
