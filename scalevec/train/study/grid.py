@@ -41,7 +41,7 @@ class Size:
             per_parameter = self.tokens_per_run / self.non_embedding_parameters
             budget = (
                 f"{self.max_steps:,} steps x {self.tokens_per_step:,} tokens = {self.tokens_per_run:,} tokens a run "
-                f"({per_parameter:.3g} a parameter)"
+                f"({per_parameter:.3g} a non-embedding parameter)"
             )
         return f"{self.name}: {shape}; N = {self.non_embedding_parameters:,} non-embedding parameters; {budget}"
 
