@@ -14,7 +14,7 @@ TRAINER_STATE = "trainer_state.json"
 TRAINING_DATA = "training_data.json"  # what `scalevec-train` trained on: sources, sizes, mixture weights
 RUN_SUMMARY = "run_summary.json"  # how `scalevec-train` ended: losses, evaluation, hardware, throughput
 # Eval keys that describe the evaluation run rather than the model.
-EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_tokens_per_second"}
 # What each multiple-choice task scored at an evaluation logs (`eval_<task>_<figure>`, `eval_<task>_items`), and
 # the name of their mean over the tasks (`eval_tasks_<figure>`): scalevec/train/task_scoring.py.
 TASK_FIGURES = ("acc", "acc_norm", "bpb")

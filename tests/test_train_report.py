@@ -144,6 +144,7 @@ def test_a_card_is_titled_by_name_and_names_its_data_and_hardware(run, tmp_path)
     predicted = json.loads((output / "all_results.json").read_text())["eval_tokens"]
     assert f"| eval tokens | {predicted:,} predicted (every token of the blocks read but each block's first) |" in card
     assert re.search(r"\| eval loss \| \d+\.\d{4} \|", card)
+    assert "eval tokens per second" not in card  # the evaluation's speed is no figure of the model
     named = card_writer(output, repo_id="someone/tiny", model_name="Tiny ScaleVec")
     export_checkpoint(output, tmp_path / "named", "llama", OutputOptions(before_commit=named))
     assert "\n# Tiny ScaleVec\n" in (tmp_path / "named" / "README.md").read_text()
