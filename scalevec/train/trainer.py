@@ -344,8 +344,8 @@ class ScaleVecTrainer(Trainer):
             self.compute_loss_context_manager,
         )
         parts = 2 if getattr(self.args, "eval_halves", False) else 1  # each set's blocks whole, or in two halves
-        blocks = [part for whole in sets.values() for part in (evaluation_halves(whole) if parts == 2 else [whole])]
-        sums = torch.stack([evaluation.sums(model, part, self._token_bytes) for part in blocks])
+        pieces = [part for whole in sets.values() for part in (evaluation_halves(whole) if parts == 2 else [whole])]
+        sums = torch.stack([evaluation.sums(model, piece, self._token_bytes) for piece in pieces])
         task_sums = self._task_sums(model)
         if self.args.world_size > 1:
             sums, task_sums = reduce_together(sums, task_sums)
