@@ -132,6 +132,24 @@ class BlockEvaluation:
         return {key: value.to(self.device) for key, value in inputs.items() if key != "labels"}
 
 
+def score_together(
+    model: torch.nn.Module,
+    pieces: list,
+    blocks: BlockEvaluation,
+    token_bytes: torch.Tensor | None,
+    tasks: list[Task],
+    task_evaluation: TaskEvaluation,
+) -> tuple[list[HeldOutSums], torch.Tensor]:
+    """The held-out sums of each piece of blocks and the sums of each task (`task_metrics`' rows) over every process:
+    this process's share of both, added up in one all-reduce."""
+    sums = [blocks.sums(model, piece, token_bytes) for piece in pieces]
+    sums = torch.stack(sums) if sums else torch.zeros(0, 3, dtype=torch.float64, device=blocks.device)
+    task_sums = task_evaluation.sums(model, tasks)
+    if blocks.world_size > 1:
+        sums, task_sums = reduce_together(sums, task_sums)
+    return [HeldOutSums(row[0], round(row[1]), round(row[2])) for row in sums.tolist()], task_sums
+
+
 def _read(blocks, indices: list[int]) -> list:
     if hasattr(blocks, "__getitems__"):
         return blocks.__getitems__(indices)
@@ -193,18 +211,14 @@ def evaluate_model(
     start = time.perf_counter()
     model.eval()
     device = next(model.parameters()).device
-    task_sums = TaskEvaluation(tokenizer, rank, world_size, batch_size, device).sums(model, tasks)
-    held_out = held_out or {}
     lengths = token_byte_lengths(tokenizer)
     token_bytes = torch.from_numpy(lengths).to(device) if lengths is not None else None
     blocks = BlockEvaluation(
         rank, world_size, batch_size, PackedBlockCollator(tokenizer.eos_token_id), device, nullcontext
     )
-    held_sums = torch.zeros(len(held_out), 3, dtype=torch.float64, device=device)
-    for row, sets in zip(held_sums, held_out.values()):
-        row += blocks.sums(model, sets, token_bytes)
-    if world_size > 1:
-        held_sums, task_sums = reduce_together(held_sums, task_sums)
+    task_evaluation = TaskEvaluation(tokenizer, rank, world_size, batch_size, device)
+    pieces = list((held_out or {}).values())
+    held_sums, task_sums = score_together(model, pieces, blocks, token_bytes, tasks, task_evaluation)
     metrics = task_metrics([task.name for task in tasks], task_sums)
     scores = {task.name: _task_scores(task, metrics) for task in tasks}
     return EvaluationResult(name, scores, _held_out_figures(held_sums), time.perf_counter() - start)
@@ -218,9 +232,9 @@ def _task_scores(task: Task, metrics: dict[str, float]) -> dict:
     return scores
 
 
-def _held_out_figures(sums: torch.Tensor) -> dict[str, float] | None:
-    if not len(sums):
+def _held_out_figures(sums: list[HeldOutSums]) -> dict[str, float] | None:
+    if not sums:
         return None
-    total = sum((HeldOutSums(row[0], round(row[1]), round(row[2])) for row in sums.tolist()), HeldOutSums())
+    total = sum(sums, HeldOutSums())
     metrics = held_out_metrics({"all": total}, "eval", per_set=False)
     return {key.removeprefix("eval_"): value for key, value in metrics.items()}

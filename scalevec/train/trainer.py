@@ -31,10 +31,10 @@ from ..data.held_out import EVALUATION_HALVES, evaluation_halves
 from ..data.sampler import ShuffledBlockSampler
 from ..modeling_scalevec import ScaleVecModel
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback, activation_kurtosis, kurtosis_log
-from .evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, token_byte_lengths
+from .evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, score_together, token_byte_lengths
 from .optim import DecayConfig, MuonAdamW, decay_toward_targets, describe_groups, parameter_groups
 from .run_clock import RunClockCallback
-from .task_scoring import TaskEvaluation, reduce_together, task_metrics
+from .task_scoring import TaskEvaluation, task_metrics
 from .tasks import Task
 from .throughput import ThroughputCallback
 
@@ -345,11 +345,9 @@ class ScaleVecTrainer(Trainer):
         )
         parts = 2 if getattr(self.args, "eval_halves", False) else 1  # each set's blocks whole, or in two halves
         pieces = [part for whole in sets.values() for part in (evaluation_halves(whole) if parts == 2 else [whole])]
-        sums = torch.stack([evaluation.sums(model, piece, self._token_bytes) for piece in pieces])
-        task_sums = self._task_sums(model)
-        if self.args.world_size > 1:
-            sums, task_sums = reduce_together(sums, task_sums)
-        rows = [HeldOutSums(row[0], round(row[1]), round(row[2])) for row in sums.tolist()]
+        rows, task_sums = score_together(
+            model, pieces, evaluation, self._token_bytes, self.tasks, self._task_evaluation()
+        )
         by_set = {name: sum(rows[parts * k : parts * (k + 1)], HeldOutSums()) for k, name in enumerate(sets)}
         metrics = held_out_metrics(by_set, metric_key_prefix, per_set=isinstance(next(iter(sets)), str))
         if parts == 2:
@@ -367,9 +365,8 @@ class ScaleVecTrainer(Trainer):
         self._memory_tracker.stop_and_update_metrics(metrics)
         return metrics
 
-    def _task_sums(self, model: torch.nn.Module) -> torch.Tensor:
-        """This process's sums of each task (rows of acc, acc_norm, bpb, items)."""
-        evaluation = TaskEvaluation(
+    def _task_evaluation(self) -> TaskEvaluation:
+        return TaskEvaluation(
             self.processing_class,
             self.args.process_index,
             self.args.world_size,
@@ -377,7 +374,6 @@ class ScaleVecTrainer(Trainer):
             self.args.device,
             self.compute_loss_context_manager,
         )
-        return evaluation.sums(model, self.tasks)
 
     @staticmethod
     def _held_out_kurtosis(model, blocks, evaluation: BlockEvaluation) -> dict[str, float]:
