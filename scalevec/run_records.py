@@ -216,6 +216,15 @@ def read_json(file: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def finished_step(run_dir: Path, max_steps: int) -> int | None:
+    """The last step of a run in `run_dir` that trained to its end (`max_steps`, or where that is 0 or less the
+    run's own) and saved its result, else None. The final `trainer_state.json` is written after the model: a
+    readable one with the last step means the run finished."""
+    state = read_json(run_dir / TRAINER_STATE) or {}
+    step, target = int(state.get("global_step") or 0), max_steps if max_steps > 0 else int(state.get("max_steps") or 0)
+    return step if target and step >= target else None
+
+
 def _trainer_state_file(run_dir: Path) -> Path | None:
     """`trainer_state.json` of the run, or of its latest `checkpoint-<step>` when the final one was not saved."""
     if (run_dir / TRAINER_STATE).is_file():

@@ -21,7 +21,8 @@ from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SchedulerType
 
 from ..atomic import commit_folder, writes_into
-from .resume import finished_step, inspect_checkpoint
+from ..run_records import finished_step
+from .resume import inspect_checkpoint
 from .trainer import STAGING_SUFFIX
 
 FLAG = "--decay-at"

@@ -32,7 +32,7 @@ from ..atomic import (
 from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..data import DataArguments, PackedBlockCollator, build_training_data, check_vocabulary, load_tokenizer
 from ..modeling_scalevec import ScaleVecForCausalLM
-from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, logged_entries
+from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, finished_step, logged_entries
 from .branches import (
     add_branch_points,
     branch_runs,
@@ -48,7 +48,6 @@ from .resume import (
     CheckpointContent,
     check_explicit_checkpoint,
     choose_checkpoint,
-    finished_step,
     remove_leftovers,
 )
 from .run_lock import LOCK_NAME, holding_output_dir

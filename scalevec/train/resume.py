@@ -223,14 +223,3 @@ def remove_leftovers(output_dir: Path) -> None:
     for pattern in _LEFTOVERS:
         for folder in output_dir.glob(pattern):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def finished_step(output_dir: Path, max_steps: int) -> int | None:
-    """The last step of a run in `output_dir` that trained to its end and saved its result, else None. The final
-    `trainer_state.json` is written after the model: a readable one with the last step means the run finished."""
-    try:
-        state = _read_state(output_dir / TRAINER_STATE_NAME)
-    except _Unusable:
-        return None
-    step, target = int(state.get("global_step", 0)), max_steps if max_steps > 0 else int(state.get("max_steps", 0))
-    return step if target and step >= target else None

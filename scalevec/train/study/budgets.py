@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...run_records import read_run_records
+from ...run_records import finished_step, read_run_records
 
 MIN_SIZES, MIN_BUDGETS = 4, 3  # sizes with at least MIN_BUDGETS budgets each
 MIN_SEEDS_FOR_INTERVALS = 3
@@ -58,7 +58,6 @@ def read_budgets(run_folder: str | Path, metric: str = "eval_loss") -> list[Budg
     the run itself (fraction 1) where it finished; tokens as the run counted them, the final eval metric `metric`
     (e.g. the loss on the held-out half the report uses; None where it was not evaluated)."""
     from ..branches import BRANCH_PREFIX  # here, not above: a report written from records needs no Trainer
-    from ..resume import finished_step
 
     run_folder = Path(run_folder)
     folders = [(1.0, run_folder)]

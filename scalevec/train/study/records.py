@@ -19,8 +19,8 @@ from ...convert.meta_model import meta_state, num_parameters, scale_parameters
 from ...run_records import (
     TASK_FIGURES,
     TASKS_MEAN,
-    TRAINER_STATE,
     duration_text,
+    finished_step,
     logged_curve,
     read_json,
     read_run_records,
@@ -93,10 +93,7 @@ def run_status(grid: Grid, point: GridPoint, root: Path) -> str:
     folder = point.folder(root)
     if (folder / DIVERGED_FILE).is_file():
         return DIVERGED
-    state = read_json(folder / TRAINER_STATE) or {}  # the final one: written after the model, last
-    target = grid.size(point.size).max_steps
-    target = target if target > 0 else int(state.get("max_steps") or 0)
-    return FINISHED if target and int(state.get("global_step") or 0) >= target else MISSING
+    return FINISHED if finished_step(folder, grid.size(point.size).max_steps) is not None else MISSING
 
 
 def grid_records(grid: Grid, root: Path, recorded: dict[tuple, RunRecord] | None = None) -> list[RunRecord]:
