@@ -34,7 +34,7 @@ SLOW_FILES = {
 # ... and single tests of the other files (by function name, every parameter).
 SLOW_TESTS = {
     "test_study_quantization.py": {"test_each_run_records_its_quantized_losses_and_the_claim_gets_a_row"},
-    "test_data_prepared.py": {"test_a_50_mb_line_is_prepared_in_bounded_memory"},
+    "test_data_prepared.py": {"test_a_25_mb_line_is_prepared_in_bounded_memory"},
     "test_intree.py": {"test_task_heads_train_and_load_with_remote_code_where_scalevec_is_absent"},
     "test_modeling.py": {
         "test_remote_code_loads_where_scalevec_is_not_installed",
