@@ -21,12 +21,17 @@
 # issue 42 a report judges only complete sweeps with 3 seeds or more: these groups' reports mark 4x128 incomplete (1e-2
 # was not run there) and their 2-seed rows unresolved. The learning rate is chosen on one half of the held-out blocks
 # and Δ measured on the other, so runs from before issue 42 (which logged no halves) have no rate to select.
+# `miniature-wsd` (issue 42, RESULTS.md "The CPU miniature under the verdict rules"): none, standard and unified at
+# five sizes from 1x32 to 2x64, learning rates 3e-3 and 1e-2, seeds 0, 1 and 2 (90 runs), warmup-stable-decay with
+# a cooldown of the last 20 % and the budgets 0.25, 0.5 and 1 (--decay-at), evaluated on 2^17 held-out tokens, each
+# final model also with int8 and int4 weights (--quantize); about 70 minutes on two idle cores as two shards. Its
+# DATASET is the first 12 M tokens of the same corpus (`bench_data.build_corpus(folder, 12e6)`, prepared likewise).
 #
 # Usage: benchmarks/ablation.sh [DIR [GROUP [FLAG...]]]
 #   GROUP: pilot, dense-adamw-cosine, weight-decay, input-decay-1, moe-adamw-cosine, dense-muon-cosine,
 #   dense-adamw-wsd, moe-muon-cosine, moe-adamw-wsd, moe-weight-decay, muon-weight-decay, or all (default: all but the
 #   pilot, in that order, which is the order of priority); miniature-ladder, miniature-ladder-lr,
-#   miniature-weight-decay (need DATASET).
+#   miniature-weight-decay, miniature-wsd (need DATASET).
 #   FLAGs go to every scalevec-ablate call of the group and override the defaults below, e.g.
 #   `--variants standard,unified` or `--seeds 0,1`.
 set -euo pipefail
@@ -77,6 +82,10 @@ case $group in
     miniature-ladder) miniature --sizes 2x64,3x96,4x128 --variants none,standard,unified --learning-rates 1e-3,3e-3 \
         --seeds 0,1 ;;
     miniature-ladder-lr) miniature --sizes 2x64,3x96 --variants none,standard,unified --learning-rates 1e-2 --seeds 0,1 ;;
+    miniature-wsd) miniature --sizes 1x32,2x32,3x32,4x32,2x64 --variants none,standard,unified --learning-rates 3e-3,1e-2 \
+        --seeds 0,1,2 --warmup-steps 0.05 --lr-scheduler-type warmup_stable_decay \
+        --lr-scheduler-kwargs '{"num_decay_steps": 0.2}' --decay-at 0.25,0.5,1 --quantize int8,int4 \
+        --max-eval-tokens 131072 --save-strategy no --logging-steps 5 --output-dir "$out/miniature-wsd" ;;
     miniature-weight-decay) miniature --sizes 4x128 --learning-rates 3e-3 --seeds 0,1,2 \
         --variants weight-decay,standard-decay-to-one,unified-decay-to-one ;;
     all) for g in dense-adamw-cosine weight-decay input-decay-1 moe-adamw-cosine dense-muon-cosine dense-adamw-wsd \

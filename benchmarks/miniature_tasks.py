@@ -1,0 +1,151 @@
+"""Tasks, loss and quantization per strategy on a finished study's largest models (issue 43), with intervals.
+
+The task is a continuation task of real text nobody here wrote and no run trained on: files of this Python's
+standard library and site-packages that `bench_data.py`'s corpus did not take, each item a context of CONTEXT words
+of one file and four endings of ENDING words, the file's own next words (gold) and three from other files, in a
+seeded random order. Each of the study's runs at SIZE, at its variant's selected learning rate (the study's own
+selection, on the select half), is scored with `scalevec-eval --tasks TASK --quantize int8,int4`; the held-out loss
+and its quantization increase are the study's report-half figures (`results.json`). Per variant: the mean over
+seeds, and the paired difference to standard with its 95 % interval (Student t over the seeds, as the claims).
+
+    python benchmarks/miniature_tasks.py STUDY --corpus CORPUS [--size 2x64] [--items 500]
+"""
+
+import argparse
+import hashlib
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_data import corpus_files  # noqa: E402
+
+from scalevec.atomic import write_text_atomically  # noqa: E402
+from scalevec.evaluate import main as scalevec_eval  # noqa: E402
+from scalevec.train.study.intervals import paired_interval  # noqa: E402
+from scalevec.train.study.records import read_results  # noqa: E402
+from scalevec.train.study.summary import SELECTED, summarise  # noqa: E402
+
+CONTEXT, ENDING, CHOICES = 40, 12, 4
+VARIANTS, REFERENCE, SCHEMES = ("none", "standard", "unified"), "standard", ("int8", "int4")
+
+
+def unseen_texts(corpus: Path) -> list[str]:
+    """The files of `corpus_files()` that the corpus folder (`bench_data.build_corpus`) does not hold."""
+    seen = {
+        hashlib.sha1(json.loads(line)["text"].encode()).digest()
+        for part in sorted(corpus.glob("part-*.jsonl"))
+        for line in part.read_text().splitlines()
+    }
+    texts = []
+    for path in corpus_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if len(text.split()) >= 2 * (CONTEXT + ENDING) and hashlib.sha1(text.encode()).digest() not in seen:
+            texts.append(text)
+    return texts
+
+
+def continuation_items(texts: list[str], count: int, seed: int = 0) -> list[dict]:
+    """`count` items of distinct files: a context, its own next words and three endings from other files."""
+    rng = random.Random(seed)
+    sources = rng.sample(texts, count * CHOICES)
+
+    def window(text: str) -> tuple[str, str]:
+        words = text.split()
+        start = rng.randrange(len(words) - CONTEXT - ENDING)
+        return " ".join(words[start : start + CONTEXT]), " ".join(words[start + CONTEXT : start + CONTEXT + ENDING])
+
+    items = []
+    for index in range(count):
+        context, gold = window(sources[CHOICES * index])
+        endings = [gold] + [window(text)[1] for text in sources[CHOICES * index + 1 : CHOICES * (index + 1)]]
+        rng.shuffle(endings)
+        items.append({"context": context, "choices": endings, "gold": endings.index(gold)})
+    return items
+
+
+def score_runs(study: Path, size: str, task: Path) -> dict:
+    """Per variant and seed: the run's task scores (with each scheme's differences) and its report-half losses."""
+    grid, records = read_results(study / "results.json")
+    summaries = {s.variant: s for s in summarise(records, grid) if s.size == size}
+    scores = {}
+    for variant in VARIANTS:
+        summary = summaries[variant]
+        if summary.status != SELECTED:
+            raise SystemExit(f"{size} {variant}: no selected learning rate ({summary.status}); finish the grid first")
+        scores[variant] = {}
+        for seed, record in sorted(_runs(records, size, variant, summary.best_learning_rate).items()):
+            folder = study / size / f"{variant}-lr{summary.best_learning_rate:g}-seed{seed}"
+            output = folder / "miniature_tasks.json"
+            if not output.exists():
+                argv = [str(folder), "--tasks", str(task), "--task-examples", "100000", "--output", str(output)]
+                if scalevec_eval([*argv, "--quantize", ",".join(SCHEMES)]) != 0:
+                    raise SystemExit(f"scalevec-eval failed on {folder}")
+            result, quantized = json.loads(output.read_text()), record.quantized_report_loss
+            scores[variant][seed] = {
+                "learning_rate": summary.best_learning_rate,
+                "task": next(iter(result["tasks"].values())),
+                "task_differences": {s: next(iter(d["tasks"].values())) for s, d in result["differences"].items()},
+                "loss": record.eval_report_loss,
+                "loss_increase": {s: quantized[s] - quantized["none"] for s in SCHEMES},
+            }
+    return scores
+
+
+def _runs(records, size: str, variant: str, learning_rate: float) -> dict:
+    return {
+        r.seed: r
+        for r in records
+        if (r.size, r.variant, r.learning_rate, r.budget) == (size, variant, learning_rate, None)
+    }
+
+
+def table(scores: dict) -> str:
+    """Markdown: per variant the mean over seeds and, against standard, the paired difference's interval."""
+    figures = {
+        "acc": lambda run: run["task"]["acc"],
+        "acc_norm": lambda run: run["task"]["acc_norm"],
+        "bpb": lambda run: run["task"]["bpb"],
+        "report loss": lambda run: run["loss"],
+        **{f"{s} bpb increase": (lambda run, s=s: run["task_differences"][s]["bpb"]) for s in SCHEMES},
+        **{f"{s} acc change": (lambda run, s=s: run["task_differences"][s]["acc"]) for s in SCHEMES},
+        **{f"{s} loss increase": (lambda run, s=s: run["loss_increase"][s]) for s in SCHEMES},
+    }
+    lines = [f"| figure | {' | '.join(VARIANTS)} |", "|---|" + "---|" * len(VARIANTS)]
+    for name, figure in figures.items():
+        cells = []
+        for variant in VARIANTS:
+            runs = scores[variant]
+            cell = f"{statistics.fmean(figure(run) for run in runs.values()):.5f}"
+            if variant != REFERENCE:
+                paired = sorted(set(runs) & set(scores[REFERENCE]))
+                delta = paired_interval([figure(runs[s]) - figure(scores[REFERENCE][s]) for s in paired])
+                cell += f" (Δ {delta.mean:+.5f}, {delta.low:+.5f} to {delta.high:+.5f})"
+            cells.append(cell)
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("study", type=Path, help="a scalevec-ablate output folder with results.json")
+    parser.add_argument("--size", default="2x64")
+    parser.add_argument("--items", type=int, default=500)
+    parser.add_argument("--corpus", type=Path, required=True, help="bench_data.py's corpus folder the study used")
+    args = parser.parse_args()
+    task = args.study / "continuation.jsonl"
+    if not task.exists():
+        items = continuation_items(unseen_texts(args.corpus), args.items)
+        write_text_atomically(task, "".join(json.dumps(item) + "\n" for item in items))
+    scores = score_runs(args.study, args.size, task)
+    write_text_atomically(args.study / f"miniature_tasks-{args.size}.json", json.dumps(scores, indent=2) + "\n")
+    print(table(scores))
+
+
+if __name__ == "__main__":
+    main()
