@@ -383,11 +383,31 @@ def test_a_bootstrap_fit_recovers_the_exponent_inside_its_interval():
     for fit in (fit for fit in fits if fit.counted == "total"):  # the claim's count: the one the losses follow
         low, high = fit.alpha_interval
         assert low < alphas[fit.variant] < high and high - low < 0.3 and abs(fit.alpha - alphas[fit.variant]) < 0.1
-        assert fit.E_interval[0] < 2.0 < fit.E_interval[1] and fit.E_bound is None
+        assert fit.E_interval[0] < 2.0 < fit.E_interval[1] and fit.at_bound == []
     assert scaling.verdict == "holds" and scaling.interval.low > 0
     two_sizes = synthetic_grid(sizes=sizes[:3], variants=("standard", "unified"), rates=(1e-3,))
     untested = verdicts(synthetic_records(two_sizes, outcome), two_sizes)[SCALING, "-"]
     assert (untested.verdict, untested.runs) == ("not tested", "needs 4 sizes or more; the grid has 3")
+
+
+def test_an_exponent_at_the_bound_of_the_search_leaves_the_scaling_claim_unresolved():
+    """As in the CPU miniature, where embeddings made total N span 1.3x while the loss fell by a nat: unified's
+    losses fall faster than α = 3 can follow, its fit ends on that bound, and the claim says so instead of judging."""
+    sizes = ("1x16", "1x32", "2x32", "2x64", "4x64")
+    grid = synthetic_grid(sizes=sizes, variants=("standard", "unified"), rates=(1e-3,), seeds=(0, 1, 2))
+
+    def outcome(point):
+        n = 2 * grid.size(point.size).non_embedding_parameters
+        alpha, coefficient = (0.3, 40.0) if point.variant == "standard" else (5.0, 1e22)
+        loss = (2.0 + coefficient * n**-alpha) * (1 + 1e-3 * point.seed)
+        return loss, loss, loss
+
+    fits = []
+    scaling = verdicts(synthetic_records(grid, outcome), grid, fits)[SCALING, "all"]
+    unified = next(fit for fit in fits if (fit.variant, fit.counted) == ("unified", "total"))
+    assert unified.alpha == pytest.approx(3.0) and "α = 3" in unified.at_bound
+    assert (scaling.verdict, scaling.holm_verdict) == ("unresolved", "unresolved")
+    assert "unified's α = 3, a bound of the fit: α not measured" in scaling.runs
 
 
 def test_sizes_budgets_and_shards(tmp_path):

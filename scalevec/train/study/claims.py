@@ -192,7 +192,11 @@ def _scaling(chosen: dict, fits: list[ScalingFit], sizes: list[str]) -> ClaimTes
         f"unified {unified.alpha:.4f} − standard {standard.alpha:.4f}; seed bootstrap"
     )
     flags = [f"{s.size} {s.variant}: {s.edge}" for s in sides if s.edge]
-    return ClaimTest(SCALING, "all", runs, "Δα > 0", "higher", verdict(interval, "higher"), {}, interval, flags)
+    pinned = [f"{fit.variant}'s {bound}" for fit in (unified, standard) for bound in fit.at_bound if bound[0] == "α"]
+    if pinned:  # an α on a bound of the search is not measured, nor is its interval
+        runs += f"; {' and '.join(pinned)}, a bound of the fit: α not measured"
+    judged = UNRESOLVED if pinned else verdict(interval, "higher")
+    return ClaimTest(SCALING, "all", runs, "Δα > 0", "higher", judged, {}, interval, flags)
 
 
 def _missing(runs: list[str]) -> str:
@@ -224,7 +228,8 @@ def _correct(tests: list[ClaimTest]) -> None:
     tested = [t for t in tests if t.verdict in TESTED]
     for test, adjusted in zip(tested, holm([t.interval.p_value for t in tested])):
         test.holm_p_value = adjusted
-        test.holm_verdict = verdict(test.interval, test.expected, significant=adjusted < FAMILY_LEVEL)
+        judged = verdict(test.interval, test.expected, significant=adjusted < FAMILY_LEVEL)
+        test.holm_verdict = UNRESOLVED if test.verdict == UNRESOLVED else judged  # a pinned α stays unresolved
 
 
 def claims_markdown(tests: list[ClaimTest], grid: str, runs: list[str], metric: str = LOSS) -> str:

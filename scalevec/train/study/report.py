@@ -202,13 +202,13 @@ def scaling_table(fits: list[ScalingFit]) -> list[str]:
         f"L = E + A·N^-α, a Huber fit (δ = 1e-3) on log L of every seed's report-half loss at each size's best "
         f"learning rate; 95 % intervals: percentiles of {REPLICATES} refits on seeds resampled with replacement.",
         "",
-        "| variant | N counted | E [95 %] | E at a bound | A | α [95 %] | rms of the means (nats) | sizes | seeds |",
+        "| variant | N counted | E [95 %] | at a bound | A | α [95 %] | rms of the means (nats) | sizes | seeds |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for fit in fits:
         rows.append(
             f"| {fit.variant} | {fit.counted} | {fit.E:.4f} [{fit.E_interval[0]:.4f}, {fit.E_interval[1]:.4f}] "
-            f"| {fit.E_bound or 'no'} | {fit.A:.4g} | {fit.alpha:.4f} [{fit.alpha_interval[0]:.4f}, "
+            f"| {', '.join(fit.at_bound) or 'no'} | {fit.A:.4g} | {fit.alpha:.4f} [{fit.alpha_interval[0]:.4f}, "
             f"{fit.alpha_interval[1]:.4f}] | {fit.rms:.4f} | {len(fit.parameters)} | {len(fit.seeds)} |"
         )
     return rows

@@ -2,8 +2,9 @@
 each size's best learning rate, with bootstrap intervals, and `scaling.png`.
 
 The fit is Chinchilla's approach 3 as Besiroglu et al. (2024) corrected it: a Huber loss (δ = 1e-3) on the residuals
-of log L, minimised by L-BFGS-B from a grid of starts, with E bounded to [0, the lowest loss]; a fit whose E ends at
-a bound says so. Its 95 % intervals on α and E are percentiles of `REPLICATES` refits on the seeds resampled with
+of log L, minimised by L-BFGS-B from a grid of starts, with E bounded to [0, the lowest loss] and α to [0, 3]; a fit
+whose E or α ends at a bound says so (an α at a bound is not measured: the scaling claim is then unresolved). Its
+95 % intervals on α and E are percentiles of `REPLICATES` refits on the seeds resampled with
 replacement (every size keeps its seed pairing, and every variant is refitted on the same resamples, so that the
 difference of two variants' α has an interval of its own). A fit needs `MIN_SIZES` sizes or more, each with every
 seed at its best learning rate; with fewer, there is none. N is counted three ways, each fitted: non-embedding
@@ -44,7 +45,7 @@ class ScalingFit:
     losses: list[float]  # the mean report-half loss at each, over the seeds
     seeds: list[int]
     rms: float  # root mean square of the residuals of those means, in nats
-    E_bound: str | None  # "0" or "the lowest loss" where E ended at a bound of the fit
+    at_bound: list[str]  # "E = 0", "E = the lowest loss", "α = 3": where the fit ended at a bound of its search
     alpha_interval: tuple[float, float] = (float("nan"), float("nan"))
     E_interval: tuple[float, float] = (float("nan"), float("nan"))
     replicate_alphas: list[float] = field(default_factory=list, repr=False)
@@ -84,6 +85,14 @@ def huber_fit(parameters: np.ndarray, losses: np.ndarray, start: tuple | None = 
     return float(best[0]), float(np.exp(best[1])), float(best[2])
 
 
+def _at_bound(floor: float, alpha: float, lowest_loss: float) -> list[str]:
+    bounds = []
+    if floor <= 1e-9 * lowest_loss or floor >= lowest_loss * (1 - 1e-6):
+        bounds.append("E = 0" if floor <= 1e-9 * lowest_loss else "E = the lowest loss")
+    bounds += [f"α = {edge:g}" for edge in _ALPHA_BOUNDS if abs(alpha - edge) <= 1e-6]
+    return bounds
+
+
 def fit_variant(
     variant: str, runs_by_size: list[list[RunRecord]], counted: str, draws: np.ndarray
 ) -> ScalingFit | None:
@@ -98,9 +107,8 @@ def fit_variant(
     n = np.array(counts, dtype=float)
     floor, coefficient, alpha = huber_fit(np.repeat(n, len(seeds)), table.ravel())
     means = table.mean(axis=1)
-    ceiling = float(table.min())
-    bound = "0" if floor <= 1e-9 * ceiling else "the lowest loss" if floor >= ceiling * (1 - 1e-6) else None
-    fit = ScalingFit(variant, counted, floor, coefficient, alpha, counts, means.tolist(), seeds, 0.0, bound)
+    fit = ScalingFit(variant, counted, floor, coefficient, alpha, counts, means.tolist(), seeds, 0.0, [])
+    fit.at_bound = _at_bound(floor, alpha, float(table.min()))
     fit.rms = float(np.sqrt(np.mean((fit.predict(n) - means) ** 2)))
     start = (floor, float(np.log(coefficient)), alpha)
     replicates = [huber_fit(np.repeat(n, len(seeds)), table[:, draw % len(seeds)].ravel(), start) for draw in draws]
