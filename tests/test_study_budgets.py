@@ -92,6 +92,15 @@ def test_an_irreducible_loss_at_the_bound_of_the_search_is_named():
     assert "at a bound of the search: E" in describe({"unified": fit})
 
 
+def test_a_term_the_fit_drops_is_named():
+    """A loss of tokens alone, B·D^-β (as the miniature's ladder gave, its tokens a fixed multiple of N at every
+    budget): the fit drives A·N^-α to nothing and says that α is not measured, where the full law's drops nothing."""
+    assert fit_surface(ladder(seeds=[0])).vanished == []
+    fit = fit_surface(ladder(seeds=[0], truth={**TRUTH, "A": 0.0, "E": 0.0}))
+    assert fit.vanished == ["N"] and fit.estimates["beta"] == pytest.approx(TRUTH["beta"], abs=0.01)
+    assert "the N term is below 0.0001 nats at every point: its α is not measured" in describe({"unified": fit})
+
+
 @pytest.mark.parametrize(
     "sizes, fractions, expected",
     [

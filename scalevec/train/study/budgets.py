@@ -20,6 +20,7 @@ from ...run_records import finished_step, read_run_records
 
 MIN_SIZES, MIN_BUDGETS = 4, 3  # sizes with at least MIN_BUDGETS budgets each
 MIN_SEEDS_FOR_INTERVALS = 3
+VANISHED = 1e-4  # nats: a term smaller at every point is reported as dropped by the fit
 HUBER_DELTA = 1e-3
 RESAMPLES = 200
 FITTED, NOT_TESTED = "fitted", "not tested"
@@ -175,6 +176,7 @@ class SurfaceFit:
     estimates: dict[str, float] = field(default_factory=dict)  # E, A, alpha, B, beta
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # 95 %, percentile bootstrap
     at_bound: list[str] = field(default_factory=list)  # parameters (of PARAMETERS) on a bound of the search
+    vanished: list[str] = field(default_factory=list)  # "N", "D": a term below VANISHED nats at every point
     points: int = 0
     sizes: int = 0
     seeds: int = 0
@@ -213,6 +215,7 @@ def fit_surface(rows: list[BudgetRow], resamples: int = RESAMPLES, seed: int = 0
     fit = SurfaceFit(variant, FITTED, points=len(rows), sizes=len(budgets_per_size), seeds=len(data.seeds))
     fit.estimates = _estimates(theta)
     fit.at_bound = [name for name, value, bound in zip(_FITTED, theta, _BOUNDS) if _on_bound(value, bound)]
+    fit.vanished = _vanished_terms(fit.estimates, rows)
     residuals = _log_prediction(_centered(theta, data), data)[0] - data.log_loss
     fit.rms_log_residual = float(np.sqrt(np.mean(residuals**2)))
     if len(data.seeds) < MIN_SEEDS_FOR_INTERVALS:
@@ -248,6 +251,9 @@ def describe(fits: dict[str, SurfaceFit]) -> str:
             notes.append(f"{fit.resamples} resamples")
         if fit.at_bound:
             notes.append(f"at a bound of the search: {', '.join(_SYMBOLS[name] for name in fit.at_bound)}")
+        for term in fit.vanished:
+            exponent = "α" if term == "N" else "β"
+            notes.append(f"the {term} term is below {VANISHED:g} nats at every point: its {exponent} is not measured")
         if fit.reason:
             notes.append(fit.reason)
         lines.append(f"- **{variant}**: {'; '.join(parts)} ({'; '.join(notes)})")
@@ -255,6 +261,17 @@ def describe(fits: dict[str, SurfaceFit]) -> str:
 
 
 _SYMBOLS = {"E": "E", "A": "A", "alpha": "α", "B": "B", "beta": "β"}
+
+
+def _vanished_terms(estimates: dict[str, float], rows: list[BudgetRow]) -> list[str]:
+    """The terms the fit dropped: where tokens grow with N at every budget (a ladder at a fixed number of tokens per
+    parameter), one power law can carry both, and the other's coefficient goes to 0."""
+    n = np.array([row.non_embedding_parameters for row in rows], dtype=float)
+    d = np.array([row.tokens for row in rows], dtype=float)
+    terms = {"N": estimates["A"] * n ** -estimates["alpha"], "D": estimates["B"] * d ** -estimates["beta"]}
+    return [name for name, values in terms.items() if values.max() < VANISHED]
+
+
 _FITTED = ("A", "alpha", "B", "beta", "E")  # what each of `theta`'s coordinates (a, α, b, β, e) gives
 
 
