@@ -28,7 +28,7 @@ from scalevec.train.study.intervals import paired_interval  # noqa: E402
 from scalevec.train.study.records import read_results  # noqa: E402
 from scalevec.train.study.summary import SELECTED, summarise  # noqa: E402
 
-CONTEXT, ENDING, CHOICES = 40, 12, 4
+CONTEXT, ENDING, CHOICES, LONGEST = 40, 12, 4, 300
 VARIANTS, REFERENCE, SCHEMES = ("none", "standard", "unified"), "standard", ("int8", "int4")
 
 
@@ -51,22 +51,28 @@ def unseen_texts(corpus: Path) -> list[str]:
 
 
 def continuation_items(texts: list[str], count: int, seed: int = 0) -> list[dict]:
-    """`count` items of distinct files: a context, its own next words and three endings from other files."""
+    """`count` items of distinct files: a context, its own next words and three endings from other files. A window
+    of over LONGEST characters (an escaped table, a base64 blob) is drawn again, then its file skipped: at 3 bytes a
+    character, at most 900 byte-level tokens, so that every request fits the models' 1,024 positions."""
     rng = random.Random(seed)
-    sources = rng.sample(texts, count * CHOICES)
-
-    def window(text: str) -> tuple[str, str]:
-        words = text.split()
-        start = rng.randrange(len(words) - CONTEXT - ENDING)
-        return " ".join(words[start : start + CONTEXT]), " ".join(words[start + CONTEXT : start + CONTEXT + ENDING])
-
+    windows = (w for text in rng.sample(texts, len(texts)) if (w := _window(text, rng)) is not None)
     items = []
-    for index in range(count):
-        context, gold = window(sources[CHOICES * index])
-        endings = [gold] + [window(text)[1] for text in sources[CHOICES * index + 1 : CHOICES * (index + 1)]]
+    for _ in range(count):
+        (context, gold), *others = (next(windows) for _ in range(CHOICES))
+        endings = [gold] + [ending for _, ending in others]
         rng.shuffle(endings)
         items.append({"context": context, "choices": endings, "gold": endings.index(gold)})
     return items
+
+
+def _window(text: str, rng: random.Random, tries: int = 10) -> tuple[str, str] | None:
+    words = text.split()
+    for _ in range(tries):
+        start = rng.randrange(len(words) - CONTEXT - ENDING)
+        window = words[start : start + CONTEXT + ENDING]
+        if len(" ".join(window)) <= LONGEST:
+            return " ".join(window[:CONTEXT]), " ".join(window[CONTEXT:])
+    return None
 
 
 def score_runs(study: Path, size: str, task: Path) -> dict:
@@ -143,7 +149,7 @@ def main() -> None:
         items = continuation_items(unseen_texts(args.corpus), args.items)
         write_text_atomically(task, "".join(json.dumps(item) + "\n" for item in items))
     scores = score_runs(args.study, args.size, task)
-    write_text_atomically(args.study / f"miniature_tasks-{args.size}.json", json.dumps(scores, indent=2) + "\n")
+    write_text_atomically(args.study / f"tasks-{args.size}.json", json.dumps(scores, indent=2) + "\n")
     print(table(scores))
 
 
