@@ -261,6 +261,7 @@ def describe(fits: dict[str, SurfaceFit]) -> str:
 
 
 _SYMBOLS = {"E": "E", "A": "A", "alpha": "α", "B": "B", "beta": "β"}
+_FITTED = ("A", "alpha", "B", "beta", "E")  # what each of `theta`'s coordinates (a, α, b, β, e) gives
 
 
 def _vanished_terms(estimates: dict[str, float], rows: list[BudgetRow]) -> list[str]:
@@ -270,9 +271,6 @@ def _vanished_terms(estimates: dict[str, float], rows: list[BudgetRow]) -> list[
     d = np.array([row.tokens for row in rows], dtype=float)
     terms = {"N": estimates["A"] * n ** -estimates["alpha"], "D": estimates["B"] * d ** -estimates["beta"]}
     return [name for name, values in terms.items() if values.max() < VANISHED]
-
-
-_FITTED = ("A", "alpha", "B", "beta", "E")  # what each of `theta`'s coordinates (a, α, b, β, e) gives
 
 
 def _interval_text(fit: SurfaceFit, name: str) -> str:
