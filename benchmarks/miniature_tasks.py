@@ -26,7 +26,7 @@ from scalevec.atomic import write_text_atomically  # noqa: E402
 from scalevec.evaluate import main as scalevec_eval  # noqa: E402
 from scalevec.train.study.intervals import paired_interval  # noqa: E402
 from scalevec.train.study.records import read_results  # noqa: E402
-from scalevec.train.study.summary import SELECTED, summarise  # noqa: E402
+from scalevec.train.study.summary import SELECTED, best_runs, summarise  # noqa: E402
 
 CONTEXT, ENDING, CHOICES, LONGEST = 40, 12, 4, 300
 VARIANTS, REFERENCE, SCHEMES = ("none", "standard", "unified"), "standard", ("int8", "int4")
@@ -79,36 +79,29 @@ def score_runs(study: Path, size: str, task: Path) -> dict:
     """Per variant and seed: the run's task scores (with each scheme's differences) and its report-half losses."""
     grid, records = read_results(study / "results.json")
     summaries = {s.variant: s for s in summarise(records, grid) if s.size == size}
+    best = best_runs(records, list(summaries.values()))
     scores = {}
     for variant in VARIANTS:
         summary = summaries[variant]
         if summary.status != SELECTED:
             raise SystemExit(f"{size} {variant}: no selected learning rate ({summary.status}); finish the grid first")
         scores[variant] = {}
-        for seed, record in sorted(_runs(records, size, variant, summary.best_learning_rate).items()):
-            folder = study / size / f"{variant}-lr{summary.best_learning_rate:g}-seed{seed}"
+        for run in sorted(best[size, variant], key=lambda run: run.seed):
+            folder = run.point.folder(study)
             output = folder / "miniature_tasks.json"
             if not output.exists():
                 argv = [str(folder), "--tasks", str(task), "--task-examples", "100000", "--output", str(output)]
                 if scalevec_eval([*argv, "--quantize", ",".join(SCHEMES)]) != 0:
                     raise SystemExit(f"scalevec-eval failed on {folder}")
-            result, quantized = json.loads(output.read_text()), record.quantized_report_loss
-            scores[variant][seed] = {
+            result = json.loads(output.read_text())
+            scores[variant][run.seed] = {
                 "learning_rate": summary.best_learning_rate,
                 "task": next(iter(result["tasks"].values())),
                 "task_differences": {s: next(iter(d["tasks"].values())) for s, d in result["differences"].items()},
-                "loss": record.eval_report_loss,
-                "loss_increase": {s: quantized[s] - quantized["none"] for s in SCHEMES},
+                "loss": summary.report_losses[run.seed],
+                "loss_increase": {s: summary.quantization_increase[s][run.seed] for s in SCHEMES},
             }
     return scores
-
-
-def _runs(records, size: str, variant: str, learning_rate: float) -> dict:
-    return {
-        r.seed: r
-        for r in records
-        if (r.size, r.variant, r.learning_rate, r.budget) == (size, variant, learning_rate, None)
-    }
 
 
 def table(scores: dict) -> str:
