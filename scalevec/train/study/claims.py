@@ -192,7 +192,7 @@ def _scaling(chosen: dict, fits: list[ScalingFit], sizes: list[str]) -> ClaimTes
         f"unified {unified.alpha:.4f} − standard {standard.alpha:.4f}; seed bootstrap"
     )
     flags = [f"{s.size} {s.variant}: {s.edge}" for s in sides if s.edge]
-    pinned = [f"{fit.variant}'s {bound}" for fit in (unified, standard) for bound in fit.at_bound if bound[0] == "α"]
+    pinned = [f"{fit.variant}'s α = {fit.alpha_bound:g}" for fit in (unified, standard) if fit.alpha_bound is not None]
     if pinned:  # an α on a bound of the search is not measured, nor is its interval
         runs += f"; {' and '.join(pinned)}, a bound of the fit: α not measured"
     judged = UNRESOLVED if pinned else verdict(interval, "higher")

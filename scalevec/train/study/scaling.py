@@ -53,6 +53,11 @@ class ScalingFit:
     def predict(self, parameters) -> np.ndarray:
         return self.E + self.A * np.asarray(parameters, dtype=float) ** -self.alpha
 
+    @property
+    def alpha_bound(self) -> float | None:
+        """The bound of the search α ended on (not a measurement, then), or None."""
+        return _alpha_bound(self.alpha)
+
 
 def huber_fit(parameters: np.ndarray, losses: np.ndarray, start: tuple | None = None) -> tuple[float, float, float]:
     """(E, A, α) minimising the Huber loss of log(E + A·N^-α) - log L; from `start` (E, log A, α) alone, or else
@@ -87,10 +92,18 @@ def huber_fit(parameters: np.ndarray, losses: np.ndarray, start: tuple | None = 
 
 def _at_bound(floor: float, alpha: float, lowest_loss: float) -> list[str]:
     bounds = []
-    if floor <= 1e-9 * lowest_loss or floor >= lowest_loss * (1 - 1e-6):
-        bounds.append("E = 0" if floor <= 1e-9 * lowest_loss else "E = the lowest loss")
-    bounds += [f"α = {edge:g}" for edge in _ALPHA_BOUNDS if abs(alpha - edge) <= 1e-6]
+    if floor <= 1e-9 * lowest_loss:
+        bounds.append("E = 0")
+    elif floor >= lowest_loss * (1 - 1e-6):
+        bounds.append("E = the lowest loss")
+    if (edge := _alpha_bound(alpha)) is not None:
+        bounds.append(f"α = {edge:g}")
     return bounds
+
+
+def _alpha_bound(alpha: float) -> float | None:
+    """The bound of the search that `alpha` ended on, if any."""
+    return next((edge for edge in _ALPHA_BOUNDS if abs(alpha - edge) <= 1e-6), None)
 
 
 def fit_variant(
