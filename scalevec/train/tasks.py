@@ -63,7 +63,7 @@ class Task:
     items: list[TaskItem]  # the evaluated subset
     available: int  # items in the source
     dataset: str | None = None  # a built-in task's Hub dataset (for the Hub's .eval_results/ files)
-    revision: str | None = None  # ... and its commit (None: not pinned)
+    revision: str | None = None  # ... and its commit
 
 
 # --- built-in tasks: lm-eval's task yamls (lm_eval/tasks/<task>/), mapped row by row ---------------------------
@@ -124,20 +124,20 @@ def sciq_item(row: dict) -> TaskItem:
 class BuiltinTask:
     path: str  # the Hub dataset lm-eval's yaml names
     config: str | None
-    revision: str | None  # the dataset's commit (None: not pinned)
+    revision: str  # the dataset's commit
     to_item: Callable[[dict], TaskItem]
     split: str = "validation"
 
 
-# Revisions: the commits of each dataset as pinned by public evaluation code (not re-checked here, which reaches no
-# Hub); baber/piqa is read at its newest commit.
+# Revisions: each is the commit that several public evaluation projects pin, and that `datasets` caches of real
+# downloads show in their paths (<owner>___<name>/<config>/0.0.0/<commit>); this machine reaches no Hub to ask.
 BUILTIN_TASKS = {
     "hellaswag": BuiltinTask("Rowan/hellaswag", None, "218ec52e09a7e7462a5400043bb9a69a41d06b76", hellaswag_item),
     "arc_easy": BuiltinTask("allenai/ai2_arc", "ARC-Easy", "210d026faf9955653af8916fad021475a3f00453", arc_item),
     "arc_challenge": BuiltinTask(
         "allenai/ai2_arc", "ARC-Challenge", "210d026faf9955653af8916fad021475a3f00453", arc_item
     ),
-    "piqa": BuiltinTask("baber/piqa", None, None, piqa_item),
+    "piqa": BuiltinTask("baber/piqa", None, "142f6d7367fd9877f0fb3b5734ea6a545f54cdd1", piqa_item),
     "winogrande": BuiltinTask(
         "allenai/winogrande", "winogrande_xl", "01e74176c63542e6b0bcb004dcdea22d94fb67b5", winogrande_item
     ),
@@ -183,7 +183,7 @@ def _load_builtin(name: str, examples: int) -> Task:
     import datasets
 
     task = BUILTIN_TASKS[name]
-    where = f"{task.path}{f' ({task.config})' if task.config else ''} at {task.revision or 'its newest commit'}"
+    where = f"{task.path}{f' ({task.config})' if task.config else ''} at {task.revision}"
     try:
         rows = datasets.load_dataset(task.path, task.config, split=task.split, revision=task.revision)
     except Exception as error:  # offline: ConnectionError, OSError or datasets' own errors, depending on the cache
