@@ -7,6 +7,9 @@ seeded random order. Each of the study's runs at SIZE, at its variant's selected
 selection, on the select half), is scored with `scalevec-eval --tasks TASK --quantize int8,int4`; the held-out loss
 and its quantization increase are the study's report-half figures (`results.json`). Per variant: the mean over
 seeds, and the paired difference to standard with its 95 % interval (Student t over the seeds, as the claims).
+Beside them, each model's activation kurtosis (`activation_kurtosis`, the training loop's diagnostic) over the
+gold texts of the first KURTOSIS_ITEMS items: the residual stream's largest over the layers, and the largest over
+the linear maps' inputs, whose outliers are the ones that activation quantization would meet.
 
     python benchmarks/miniature_tasks.py STUDY --corpus CORPUS [--size 2x64] [--items 500]
 """
@@ -19,16 +22,20 @@ import statistics
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_data import corpus_files  # noqa: E402
 
 from scalevec.atomic import write_text_atomically  # noqa: E402
 from scalevec.evaluate import main as scalevec_eval  # noqa: E402
+from scalevec.train.diagnostics import activation_kurtosis  # noqa: E402
 from scalevec.train.study.intervals import paired_interval  # noqa: E402
 from scalevec.train.study.records import read_results  # noqa: E402
 from scalevec.train.study.summary import SELECTED, best_runs, summarise  # noqa: E402
 
 CONTEXT, ENDING, CHOICES, LONGEST = 40, 12, 4, 300
+KURTOSIS_ITEMS = 64
 VARIANTS, REFERENCE, SCHEMES = ("none", "standard", "unified"), "standard", ("int8", "int4")
 
 
@@ -94,14 +101,29 @@ def score_runs(study: Path, size: str, task: Path) -> dict:
                 if scalevec_eval([*argv, "--quantize", ",".join(SCHEMES)]) != 0:
                     raise SystemExit(f"scalevec-eval failed on {folder}")
             result = json.loads(output.read_text())
+            kurtosis = gold_text_kurtosis(folder, task)
             scores[variant][run.seed] = {
                 "learning_rate": summary.best_learning_rate,
                 "task": next(iter(result["tasks"].values())),
                 "task_differences": {s: next(iter(d["tasks"].values())) for s, d in result["differences"].items()},
                 "loss": summary.report_losses[run.seed],
                 "loss_increase": {s: summary.quantization_increase[s][run.seed] for s in SCHEMES},
+                "residual_kurtosis": max(kurtosis.pop("residual").values()),
+                "linear_input_kurtosis": max(value for layers in kurtosis.values() for value in layers.values()),
             }
     return scores
+
+
+def gold_text_kurtosis(folder: Path, task: Path) -> dict[str, dict[int, float]]:
+    """`activation_kurtosis` of the model in `folder` over the context and gold ending of the first KURTOSIS_ITEMS
+    items of `task`, one item a batch."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    items = [json.loads(line) for line in task.read_text().splitlines()[:KURTOSIS_ITEMS]]
+    texts = [item["context"] + " " + item["choices"][item["gold"]] for item in items]
+    return activation_kurtosis(model, [tokenizer(text, return_tensors="pt") for text in texts])
 
 
 def table(scores: dict) -> str:
@@ -114,6 +136,8 @@ def table(scores: dict) -> str:
         **{f"{s} bpb increase": (lambda run, s=s: run["task_differences"][s]["bpb"]) for s in SCHEMES},
         **{f"{s} acc change": (lambda run, s=s: run["task_differences"][s]["acc"]) for s in SCHEMES},
         **{f"{s} loss increase": (lambda run, s=s: run["loss_increase"][s]) for s in SCHEMES},
+        "residual kurtosis": lambda run: run["residual_kurtosis"],
+        "linear-input kurtosis": lambda run: run["linear_input_kurtosis"],
     }
     lines = [f"| figure | {' | '.join(VARIANTS)} |", "|---|" + "---|" * len(VARIANTS)]
     for name, figure in figures.items():
