@@ -240,3 +240,19 @@ def _python_snippet(page: Path) -> str:
 
 def test_getting_started_shows_the_quickstart_that_test_readme_runs():
     assert _python_snippet(ROOT / "docs" / "getting-started.md") == _python_snippet(ROOT / "README.md")
+
+
+def test_the_documented_task_revisions_are_the_pinned_ones():
+    """docs/evaluation.md's table of built-in tasks names each one's dataset, config and revision as BUILTIN_TASKS."""
+    from scalevec.train.tasks import BUILTIN_TASKS
+
+    documented = {}
+    for row in re.findall(
+        r"^\| (`\w+`.*?) \| `([\w/]+)`(.*?) \| `([0-9a-f]{40})` \|$",
+        (ROOT / "docs" / "evaluation.md").read_text(),
+        re.M,
+    ):
+        names, path, configs, revision = row
+        for name, config in zip(re.findall(r"`(\w+)`", names), re.findall(r"`([\w-]+)`", configs) or [None] * 9):
+            documented[name] = (path, config, revision)
+    assert documented == {name: (task.path, task.config, task.revision) for name, task in BUILTIN_TASKS.items()}
