@@ -26,6 +26,8 @@
 # a cooldown of the last 20 % and the budgets 0.25, 0.5 and 1 (--decay-at), evaluated on 2^17 held-out tokens, each
 # final model also with int8 and int4 weights (--quantize); about 70 minutes on two idle cores as two shards. Its
 # DATASET is the first 12 M tokens of the same corpus (`bench_data.build_corpus(folder, 12e6)`, prepared likewise).
+# The 4x128 models of issue 43 (RESULTS.md "The miniature's 4x128 models"): `miniature-ladder --sizes 4x128
+# --learning-rates 3e-3 --seeds 0,1,2 --quantize int8,int4` on that DATASET, then benchmarks/miniature_tasks.py.
 #
 # Usage: benchmarks/ablation.sh [DIR [GROUP [FLAG...]]]
 #   GROUP: pilot, dense-adamw-cosine, weight-decay, input-decay-1, moe-adamw-cosine, dense-muon-cosine,
