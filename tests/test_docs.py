@@ -252,7 +252,8 @@ def test_the_documented_task_revisions_are_the_pinned_ones():
         (ROOT / "docs" / "evaluation.md").read_text(),
         re.M,
     ):
-        names, path, configs, revision = row
-        for name, config in zip(re.findall(r"`(\w+)`", names), re.findall(r"`([\w-]+)`", configs) or [None] * 9):
+        cell, path, configs, revision = row
+        names = re.findall(r"`(\w+)`", cell)
+        for name, config in zip(names, re.findall(r"`([\w-]+)`", configs) or [None] * len(names)):
             documented[name] = (path, config, revision)
     assert documented == {name: (task.path, task.config, task.revision) for name, task in BUILTIN_TASKS.items()}
