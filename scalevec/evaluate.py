@@ -17,13 +17,17 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
+from transformers.utils import ADAPTER_CONFIG_NAME, CONFIG_NAME
 
-from .atomic import exit_status, write_text_atomically
+from .atomic import exit_status, write_text_atomically, writes_into
+from .convert.checkpoint import WEIGHT_FILES, WEIGHT_INDEXES
 from .data.build import DEFAULT_SEQ_LEN, DataArguments, build_held_out_data
 from .data.held_out import DEFAULT_EVAL_TOKENS, DEFAULT_TASK_EXAMPLES
+from .data.sources import check_hub_repo, names_a_local_path
 from .quantization import parse_schemes, quantize_weights
 from .train.evaluation import EvaluationResult, evaluate_model
 from .train.task_scoring import model_length
@@ -82,9 +86,12 @@ def _run(args: argparse.Namespace) -> None:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1; got {args.batch_size}")
     schemes = parse_schemes(args.quantize) if args.quantize else []
+    if args.output:
+        _check_output(args.output)
+    cache_only = check_model_source("model", args.model)
     rank, world_size, device = _distributed()
     tasks = load_tasks(parse_task_list(args.tasks), args.task_examples) if args.tasks else []
-    tokenizer, model = _load(args.model, device)
+    tokenizer, model = _load(args.model, device, cache_only)
     held_out = _held_out(args, tokenizer, model, rank) if args.eval_dataset else None
 
     def score(model: torch.nn.Module, name: str) -> EvaluationResult:
@@ -94,12 +101,13 @@ def _run(args: argparse.Namespace) -> None:
 
     result = score(model, args.model)
     for scheme in schemes:  # each from the unquantized weights, loaded again: quantizing is in place
-        quantized = quantize_weights(_load(args.model, device)[1], scheme)
+        quantized = quantize_weights(_load(args.model, device, cache_only)[1], scheme)
         result.quantized[scheme] = score(quantized, f"{args.model} ({scheme} weights)")
     if rank == 0:
         print(describe(result), flush=True)
         if args.output:
-            write_text_atomically(args.output, result.to_json())
+            with writes_into(Path(args.output).parent, named=args.output):
+                write_text_atomically(args.output, result.to_json())
 
 
 def _distributed() -> tuple[int, int, torch.device]:
@@ -114,12 +122,48 @@ def _distributed() -> tuple[int, int, torch.device]:
     return rank, world_size, torch.device(accelerator.type, int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def _load(name: str, device: torch.device):
+def _load(name: str, device: torch.device, cache_only: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).to(device)
-    return tokenizer, model
+    tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=cache_only)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, local_files_only=cache_only)
+    return tokenizer, model.to(device)
+
+
+def _check_output(path: str) -> None:
+    """`--output` can be written: checked before the scoring, which may take hours, by creating a file where it
+    goes (in the nearest folder there is, as the writing creates the missing ones)."""
+    target = Path(path).absolute()
+    if target.is_dir():
+        raise ValueError(f"--output {path}: a folder; give the name of the file to write")
+    folder = next(parent for parent in target.parents if parent.exists())
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, path) from None
+
+
+def check_model_source(option: str, name: str) -> bool:
+    """`name` (for `option`) is a folder holding a model (its config and weights, or a PEFT adapter's), or a Hub
+    repository that is there (looked up once: `check_hub_repo`); True where the Hub cannot be reached but its local
+    cache holds it, so that only the cache is read. Anything else is refused in one line naming the cause."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / ADAPTER_CONFIG_NAME).is_file():
+            return False
+        if not (path / CONFIG_NAME).is_file():
+            raise ValueError(
+                f"{option} {name}: this folder holds no model (no {CONFIG_NAME} or {ADAPTER_CONFIG_NAME})"
+            )
+        if not any((path / file).is_file() for file in WEIGHT_INDEXES + WEIGHT_FILES):
+            raise ValueError(f"{option} {name}: this folder holds no weights (none of {', '.join(WEIGHT_FILES)})")
+        return False
+    if path.exists():
+        raise ValueError(f"{option} {name}: a file; give the folder that holds the model")
+    if names_a_local_path(name):
+        raise ValueError(f"{option} {name}: no such folder")
+    return not check_hub_repo(option, name)
 
 
 def _held_out(args: argparse.Namespace, tokenizer, model, rank: int) -> dict | None:

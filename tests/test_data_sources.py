@@ -4,6 +4,7 @@ leaving nothing behind."""
 
 import gzip
 import json
+import re
 import time
 
 import datasets
@@ -12,7 +13,8 @@ import pytest
 
 from scalevec.data import DataArguments, DataError, find_source
 from scalevec.data.build import load_tokenizer
-from scalevec.data.sources import is_missing_path, read_documents
+from scalevec.data.sources import check_hub_repo, is_missing_path, read_documents
+from scalevec.evaluate import check_model_source
 from scalevec.train.cli import main
 
 from ._helpers import corpus_texts, train_argv, write_dataset
@@ -176,3 +178,59 @@ def test_a_missing_path_spelled_as_a_hub_id_is_named_at_once(tmp_path, monkeypat
     assert is_missing_path("data/nothere") and is_missing_path("./nothere") and is_missing_path("a b/c")
     assert not is_missing_path("someone/corpus") and not is_missing_path("wikitext")  # Hub ids
     assert not is_missing_path("data")  # there
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty Hub cache of this test's own, and offline mode as each test sets it (read at import otherwise)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    return tmp_path / "hub-cache"
+
+
+def test_a_name_neither_here_nor_on_the_hub_fails_within_seconds_saying_both(tmp_path, monkeypatch, hub_cache):
+    """With no folder `data`, `bad` or `runs` here, each name is a Hub id: asked about once (this machine has no
+    network; with one, the Hub says there is no such repository) instead of after a minute of the loaders' retries."""
+    monkeypatch.chdir(tmp_path)
+    unreachable = r"the Hub \(https://[^)]+\) cannot be reached to look for it: .+"
+    hub = rf"({unreachable}|no (model|dataset) repository of that name on the Hub \(.+\))$"
+    attempts = {
+        "--dataset data/nothere: no such file or folder here, and ": lambda: find_source("data/nothere"),
+        "--tokenizer bad/name: no such folder here, and ": lambda: load_tokenizer(DataArguments(tokenizer="bad/name")),
+        "model runs/nothere: no such folder here, and ": lambda: check_model_source("model", "runs/nothere"),
+        "--init-from runs/nothere: no such folder here, and ": lambda: check_model_source(
+            "--init-from", "runs/nothere"
+        ),
+    }
+    for start, attempt in attempts.items():
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="^" + re.escape(start) + hub):
+            attempt()
+        assert time.monotonic() - started < 15
+
+
+def test_the_hub_is_asked_once_and_its_answer_or_the_cache_decides(hub, hub_cache, monkeypatch):
+    """A repository the Hub has loads as before; one it lacks is refused naming the Hub; offline, a repository in the
+    local cache is read from there alone, and one not in it is refused saying so."""
+    from huggingface_hub import constants
+
+    from tests.hub_server import Repo
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    hub.repos["tester/there"] = Repo(private=False)
+    hub.repos["tester/there"].add_commit({"config.json": b"{}"}, "main")
+    assert check_hub_repo("--tokenizer", "tester/there") is True
+    missing = f"no such folder here, and no model repository of that name on the Hub ({hub.url})"
+    with pytest.raises(DataError, match=rf"^--tokenizer tester/gone: {re.escape(missing)}$"):
+        check_hub_repo("--tokenizer", "tester/gone")
+    assert hub.requests == [("GET", "/api/models/tester/there"), ("GET", "/api/models/tester/gone")]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    (hub_cache / "models--tester--cached").mkdir(parents=True)
+    assert check_hub_repo("--tokenizer", "tester/cached") is False  # read with local_files_only
+    offline = "no such folder here, and not in the local Hub cache (HF_HUB_OFFLINE is set: the Hub is not asked)"
+    with pytest.raises(DataError, match=rf"^--tokenizer tester/there: {re.escape(offline)}$"):
+        check_hub_repo("--tokenizer", "tester/there")
+    assert len(hub.requests) == 2

@@ -40,7 +40,7 @@ from .prepared import (
     looks_prepared,
     tokenizer_fingerprint,
 )
-from .sources import DataError, Source, find_source, is_missing_path, names_a_local_path
+from .sources import DataError, Source, check_hub_repo, find_source, is_missing_path, names_a_local_path
 from .streaming import streamed_blocks
 
 DEFAULT_SEQ_LEN = 256
@@ -237,8 +237,9 @@ def _named_tokenizer(name: str) -> PreTrainedTokenizerBase:
         raise DataError(f"--tokenizer {name}: no such folder")
     if path.is_file():
         raise DataError(f"--tokenizer {name}: a file; give the folder that holds the tokenizer")
+    cache_only = not path.exists() and not check_hub_repo("--tokenizer", name)
     try:
-        return AutoTokenizer.from_pretrained(str(path) if path.exists() else name)
+        return AutoTokenizer.from_pretrained(str(path) if path.exists() else name, local_files_only=cache_only)
     except Exception as error:  # transformers raises many types here (OSError, ValueError, ImportError, ...)
         where = "a tokenizer folder" if path.exists() else "a local folder, and it could not be loaded from the Hub"
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -82,6 +82,7 @@ def find_source(name: str, text_column: str = "text", hub_config: str | None = N
         return Source(name, text_column, files=tuple(files))
     if is_missing_path(name):
         raise DataError(f"--dataset {name}: no such file or folder")
+    check_hub_repo("--dataset", name, "dataset")
     return Source(name, text_column, hub_config=hub_config, hub_shards=_hub_dataset(name, hub_config).num_shards)
 
 
@@ -101,6 +102,43 @@ def names_a_local_path(name: str) -> bool:
     owner, separator, _ = name.partition("/")
     in_local_folder = bool(separator) and Path(owner).expanduser().is_dir()
     return name.startswith((".", "/", "~")) or not _HUB_ID.match(name) or in_local_folder
+
+
+# A name that is no local path is a Hub repository id: asked about once, with a short timeout, before the Hub
+# loaders (`transformers`, `datasets`) try it, since they retry an unreachable Hub for a minute and more per file.
+PROBE_SECONDS = 5  # one request; the Hub answers a repository query in well under a second
+
+
+def check_hub_repo(option: str, name: str, repo_type: str = "model") -> bool:
+    """`name` (for `option`, such as `--tokenizer`) is not a local path: True where the Hub has it (load it
+    normally), False where the Hub cannot be reached but its local cache holds it (load with `local_files_only`).
+    A `DataError` where there is no such repository, or the Hub cannot be reached and the cache lacks it."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.file_download import repo_folder_name
+
+    here = f"{option} {name}: no such {'file or folder' if repo_type == 'dataset' else 'folder'} here"
+    try:
+        HfApi().repo_info(name, repo_type=repo_type, timeout=PROBE_SECONDS)
+    except GatedRepoError:  # there, behind an agreement: the loader says how to get access
+        return True
+    except RepositoryNotFoundError:
+        raise DataError(
+            f"{here}, and no {repo_type} repository of that name on the Hub ({constants.ENDPOINT})"
+        ) from None
+    except HFValidationError as error:
+        raise DataError(f"{here}, and not a Hub repository id ({first_line(error)})") from None
+    except HfHubHTTPError:  # the Hub answered otherwise (a server error): its loader retries and reports it
+        return True
+    except Exception as error:  # no answer at all: offline mode, no network, no name resolution, a timeout
+        if Path(constants.HF_HUB_CACHE, repo_folder_name(repo_id=name, repo_type=repo_type)).is_dir():
+            return False
+        if constants.HF_HUB_OFFLINE:
+            reason = "not in the local Hub cache (HF_HUB_OFFLINE is set: the Hub is not asked)"
+        else:
+            reason = f"the Hub ({constants.ENDPOINT}) cannot be reached to look for it: {first_line(error)}"
+        raise DataError(f"{here}, and {reason}") from None
+    return True
 
 
 def _format_of(path: Path) -> str | None:

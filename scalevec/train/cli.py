@@ -31,6 +31,7 @@ from ..atomic import (
 )
 from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..data import DataArguments, PackedBlockCollator, build_training_data, check_vocabulary, load_tokenizer
+from ..evaluate import check_model_source
 from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, finished_step, logged_entries
 from .branches import (
@@ -169,7 +170,10 @@ def _train(
     enable_full_determinism(seed) if training_args.full_determinism else set_seed(seed)
     if model_args.init_from:
         attention = model_args.attn_implementation
-        model = ScaleVecForCausalLM.from_pretrained(model_args.init_from, attn_implementation=attention)
+        cache_only = check_model_source("--init-from", model_args.init_from)
+        model = ScaleVecForCausalLM.from_pretrained(
+            model_args.init_from, attn_implementation=attention, local_files_only=cache_only
+        )
     else:
         config = build_model_config(model_args, tokenizer)
         model = ScaleVecForCausalLM._from_config(config, attn_implementation=model_args.attn_implementation)
