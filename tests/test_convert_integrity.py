@@ -223,5 +223,5 @@ def test_a_checkpoint_that_rotation_removed_is_said_to_no_longer_exist(tmp_path,
     assert main(["export", str(run / "checkpoint-2"), str(tmp_path / "out"), "--to", "llama"]) == 1
     assert capsys.readouterr().err == gone
     assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "out"), "--to", "llama"]) == 1
-    assert capsys.readouterr().err == f"scalevec-convert: error: {tmp_path / 'nowhere'} is not a checkpoint folder\n"
+    assert capsys.readouterr().err == f"scalevec-convert: error: {tmp_path / 'nowhere'}: no such folder\n"
     assert not (tmp_path / "out").exists()

@@ -51,11 +51,12 @@ class Checkpoint:
         self.path = Path(path)
         try:
             if not self.path.is_dir():
-                raise CheckpointError(f"{self.path} is not a checkpoint folder")
+                what = "a file, not a checkpoint folder" if self.path.exists() else "no such folder"
+                raise CheckpointError(f"{self.path}: {what}")
             self.config = _read_json(self.path / "config.json")
             self.tensors = _index_tensors(self.path)
         except (CheckpointError, OSError):
-            if (gone := _removed_by_rotation(self.path)) is not None:  # before or while it was read
+            if (gone := _missing_checkpoint(self.path)) is not None:  # before or while it was read
                 raise CheckpointError(gone) from None
             raise
 
@@ -100,18 +101,30 @@ class Checkpoint:
                 )
 
 
-def _removed_by_rotation(path: Path) -> str | None:
-    """Where `path`, a missing `checkpoint-<step>` of a run folder that is there, was most likely removed by the run
-    (a Trainer keeps only its newest checkpoints, `save_total_limit`): that, and what the run holds now."""
+def _missing_checkpoint(path: Path) -> str | None:
+    """Where `path` is a missing `checkpoint-<step>` of a run folder that is there: the checkpoints the run holds,
+    and whether the run most likely removed it (a Trainer keeps only its newest checkpoints, `save_total_limit`):
+    only a step older than a checkpoint held, at which the run saved (a multiple of its recorded `save_steps`)."""
     name, parent = path.name, path.parent
     if path.exists() or not (name.startswith("checkpoint-") and name[11:].isdigit()) or not parent.is_dir():
         return None
     steps = sorted(int(p.name[11:]) for p in parent.glob("checkpoint-*") if p.name[11:].isdigit() and p.is_dir())
     holds = ", ".join(f"checkpoint-{step}" for step in steps) or "no checkpoint"
+    if not steps or int(name[11:]) >= steps[-1] or int(name[11:]) % _save_steps(parent / f"checkpoint-{steps[-1]}"):
+        return f"{path}: no such checkpoint; the run in {parent} holds {holds}"
     return (
         f"{path} no longer exists: the run in {parent} holds {holds} now (a run keeps only its newest checkpoints, "
         "--save-total-limit, and removes the older ones as it saves)"
     )
+
+
+def _save_steps(checkpoint: Path) -> int:
+    """The steps between a run's saves, as its checkpoint's trainer state records them; 1 where it records none."""
+    try:
+        steps = json.loads((checkpoint / "trainer_state.json").read_text()).get("save_steps")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return 1
+    return steps if isinstance(steps, int) and steps >= 1 else 1
 
 
 def _some(names: list[str], limit: int = 6) -> str:
