@@ -28,12 +28,19 @@
 # DATASET is the first 12 M tokens of the same corpus (`bench_data.build_corpus(folder, 12e6)`, prepared likewise).
 # The 4x128 models of issue 43 (RESULTS.md "The miniature's 4x128 models"): `miniature-ladder --sizes 4x128
 # --learning-rates 3e-3 --seeds 0,1,2 --quantize int8,int4` on that DATASET, then benchmarks/miniature_tasks.py.
+# The every-claim study (issue 50, RESULTS.md "The every-claim study: the power plan"): a 512-token vocabulary, so
+# that non-embedding parameters are the larger part of every model, WSD budgets, five seeds, three learning rates per
+# size. `every-claim-data` writes its DATASET, DIR/data-v512 (the miniature-wsd's 12 M-token corpus, tokenized by
+# the embedded BPE trained to 512 tokens); then `every-claim-headline` (none, standard and unified at 4x128, 45 runs),
+# `every-claim-variants` (the other strategies and the weight-decay variants at 4x128, 90 runs) and
+# `every-claim-ladder` (none, standard and unified at 2x64, 2x96 and 3x96, 135 runs), all in DIR/every-claim.
 #
 # Usage: benchmarks/ablation.sh [DIR [GROUP [FLAG...]]]
 #   GROUP: pilot, dense-adamw-cosine, weight-decay, input-decay-1, moe-adamw-cosine, dense-muon-cosine,
 #   dense-adamw-wsd, moe-muon-cosine, moe-adamw-wsd, moe-weight-decay, muon-weight-decay, or all (default: all but the
 #   pilot, in that order, which is the order of priority); miniature-ladder, miniature-ladder-lr,
-#   miniature-weight-decay, miniature-wsd (need DATASET).
+#   miniature-weight-decay, miniature-wsd, every-claim-headline, every-claim-variants, every-claim-ladder (need
+#   DATASET); every-claim-data.
 #   FLAGs go to every scalevec-ablate call of the group and override the defaults below, e.g.
 #   `--variants standard,unified` or `--seeds 0,1`.
 set -euo pipefail
@@ -57,7 +64,14 @@ miniature=(--dataset "${DATASET:-}" --model-size tiny --tokens-per-parameter 5.5
            --logging-steps 50 --report-to none --disable-tqdm true --scale-stats false --resume
            --output-dir "$out/miniature")
 miniature() { scalevec-ablate "${miniature[@]}" "$@" "${extra[@]}"; }
-if [[ $group == miniature-* && -z ${DATASET:-} ]]; then echo "$group needs DATASET, a prepared folder" >&2; exit 2; fi
+every_claim=(--dataset "${DATASET:-}" --model-size tiny --config-overrides '{"vocab_size": 512}'
+             --tokens-per-parameter 5.5555 --per-device-train-batch-size 8 --eval-strategy no --max-eval-tokens 131072
+             --save-strategy steps --save-steps 500 --save-total-limit 1 --logging-steps 50 --report-to none
+             --disable-tqdm true --scale-stats false --resume --warmup-steps 0.05
+             --lr-scheduler-type warmup_stable_decay --lr-scheduler-kwargs '{"num_decay_steps": 0.2}'
+             --decay-at 0.25,0.5,1 --quantize int8,int4 --seeds 0,1,2,3,4 --output-dir "$out/every-claim")
+every_claim() { scalevec-ablate "${every_claim[@]}" "$@" "${extra[@]}"; }
+if [[ ($group == miniature-* || ($group == every-claim-* && $group != every-claim-data)) && -z ${DATASET:-} ]]; then echo "$group needs DATASET, a prepared folder" >&2; exit 2; fi
 
 case $group in
     # How fast the loss still falls, and the cost of a step: one run at the peak learning rate (no decay).
@@ -90,6 +104,24 @@ case $group in
         --max-eval-tokens 131072 --save-strategy no --logging-steps 5 --output-dir "$out/miniature-wsd" ;;
     miniature-weight-decay) miniature --sizes 4x128 --learning-rates 3e-3 --seeds 0,1,2 \
         --variants weight-decay,standard-decay-to-one,unified-decay-to-one ;;
+    every-claim-data) python - "$out" "$(dirname "$0")" <<'PYTHON'
+import subprocess, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import bench_data
+from scalevec.data.corpus import default_tokenizer
+out = Path(sys.argv[1])
+corpus = bench_data.build_corpus(out, 12e6)
+default_tokenizer(512).save_pretrained(out / "tokenizer-512")
+subprocess.run(["scalevec-data", "prepare", str(corpus), "--output", str(out / "data-v512"), "--tokenizer",
+                str(out / "tokenizer-512"), "--seq-len", "256", "--quiet"], check=True)
+PYTHON
+        ;;
+    every-claim-headline) every_claim --sizes 4x128 --variants none,standard,unified --learning-rates 1.5e-3,3e-3,6e-3 ;;
+    every-claim-variants) every_claim --sizes 4x128 --learning-rates 1.5e-3,3e-3,6e-3 \
+        --variants strategies,standard-input-exempt,unified-input-exempt,unified-output-norm-decayed ;;
+    every-claim-ladder) every_claim --sizes 2x64,2x96,3x96 --variants none,standard,unified \
+        --learning-rates 3e-3,6e-3,1.2e-2 ;;
     all) for g in dense-adamw-cosine weight-decay input-decay-1 moe-adamw-cosine dense-muon-cosine dense-adamw-wsd \
                  moe-muon-cosine moe-adamw-wsd moe-weight-decay muon-weight-decay; do
              "$0" "$out" "$g" "${extra[@]}"
