@@ -104,6 +104,36 @@ def test_resume_reproduces_the_straight_run(tmp_path):
     assert direct and all(key.rsplit("/", 1)[1] in STATS for key in direct)
 
 
+def test_resume_takes_the_runs_model_unless_a_flag_given_contradicts_it(tmp_path, capsys):
+    """The docs' shorthand `--output-dir RUN --resume` on a run of another size and strategy than the defaults:
+    the run's model, as its checkpoint records it (the same losses as the straight run); a model flag given that
+    contradicts it is refused in one line naming it, before anything is built or changed."""
+    argv = ["--save-strategy", "steps", "--save-steps", "2", "--eval-every", "0", "--scale-preset", "standard"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(train_argv(straight, *argv, steps=4)) == 0
+    shutil.copytree(straight / "checkpoint-2", resumed / "checkpoint-2")
+    bare = ["--seq-len", "32", "--max-documents", "300", "--max-eval-documents", "4", "--eval-every", "0"]
+    bare += ["--per-device-train-batch-size", "4", "--max-steps", "4", "--logging-steps", "1", "--save-steps", "2"]
+    bare += ["--report-to", "none", "--disable-tqdm", "true", "--output-dir", str(resumed), "--resume", "true"]
+    capsys.readouterr()
+    assert main([*bare, "--model-size", "2x64", "--scale-preset", "none"]) == 1
+    record = resumed / "checkpoint-2" / "config.json"
+    error = capsys.readouterr().err
+    assert error.startswith("scalevec-train: error: --resume: --model-size 2x64 sets hidden_size 64 (the run's 32), ")
+    assert "; --scale-preset none sets scale_preset none (the run's standard), norm_scale none (the run's " in error
+    assert error.endswith(
+        f": they contradict the run's model ({record}); leave them out to resume the run as it was, or choose "
+        "another --output-dir\n"
+    )
+    assert error.count("\n") == 1
+    assert sorted(path.name for path in resumed.iterdir()) == ["checkpoint-2"]
+    assert main(bare) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming the run's model as {record} records it: hidden_size 32 (not 128), " in printed
+    assert "scale_preset standard (not unified)" in printed
+    assert logged_losses(resumed) == pytest.approx(logged_losses(straight), abs=1e-6)
+
+
 def test_two_process_ddp_matches_one_process(tmp_path):
     """torchrun with 2 CPU processes (gloo), 2 blocks each, against one process with 4 blocks per step: the same
     blocks per step (the seeded sampler, split across ranks), so the same losses up to the order of the float

@@ -50,6 +50,7 @@ from .resume import (
     check_explicit_checkpoint,
     choose_checkpoint,
     remove_leftovers,
+    resumed_model_config,
 )
 from .run_lock import LOCK_NAME, holding_output_dir
 from .tasks import Task, load_tasks, parse_task_list
@@ -74,7 +75,8 @@ class ModelArguments:
         default=False,
         metadata={
             "help": "Continue from the newest complete checkpoint in --output-dir (incomplete ones are set aside); "
-            "a finished run trains nothing."
+            "a finished run trains nothing. The model is the run's: model flags left at their defaults are taken "
+            "from the checkpoint's config.json, one given that contradicts it is refused."
         },
     )
     resume_weights_only: bool = field(
@@ -109,6 +111,25 @@ def build_model_config(args: ModelArguments, tokenizer) -> ScaleVecConfig:
             fields[name] = getattr(args, name)
     fields.update(config_overrides(args.config_overrides))
     return ScaleVecConfig(**fields)
+
+
+def given_model_fields(args: ModelArguments) -> dict[str, set[str]]:
+    """The config fields that each model flag given (not left at its default) sets, by the flag as typed; and
+    those the tokenizer sets."""
+    defaults, given = ModelArguments(), {}
+    if args.model_size != defaults.model_size:
+        given[f"--model-size {args.model_size}"] = set(size_fields(args.model_size))
+    overridden = [name for name in SCALE_FIELDS if getattr(args, name) is not None]
+    if args.scale_preset is not None:
+        given[f"--scale-preset {args.scale_preset}"] = {"scale_preset", *SCALE_FIELDS} - set(overridden)
+    for name in (*overridden, *(["qk_norm"] if args.qk_norm is not None else [])):
+        given[f"--{name.replace('_', '-')} {getattr(args, name)}"] = {name}
+    if args.output_norm:
+        given["--output-norm"] = {"output_norm"}
+    if args.config_overrides:
+        given[f"--config-overrides {args.config_overrides}"] = set(config_overrides(args.config_overrides))
+    given["the tokenizer"] = {"vocab_size", "eos_token_id", "bos_token_id", "pad_token_id"}
+    return given
 
 
 def config_overrides(text: str | None) -> dict:
@@ -176,6 +197,8 @@ def _train(
         )
     else:
         config = build_model_config(model_args, tokenizer)
+        if checkpoint is not None:  # the run's model, whatever flags the resuming command left out
+            config = resumed_model_config(config, checkpoint.path, given_model_fields(model_args))
         model = ScaleVecForCausalLM._from_config(config, attn_implementation=model_args.attn_implementation)
     check_vocabulary(tokenizer, model.config.vocab_size)
     seq_len, limit = data_args.resolved_seq_len(), model.config.max_position_embeddings

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
+from transformers import PretrainedConfig
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
@@ -25,6 +26,8 @@ from .trainer import STAGING_SUFFIX
 SET_ASIDE_PREFIX = "incomplete-"
 WEIGHTS_ONLY_FLAG = "--resume-weights-only"
 _CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+# Config entries that describe no part of the model: transformers' bookkeeping, and `use_cache`, which training sets.
+_NOT_THE_MODEL = {*PretrainedConfig().to_dict(), "use_cache"}
 # What a checkpoint writer puts into `checkpoint-N` (the Trainer, accelerate's FSDP, DeepSpeed, PEFT): a folder
 # holding files but none of these was never a checkpoint.
 _CHECKPOINT_FILES = (
@@ -223,3 +226,32 @@ def remove_leftovers(output_dir: Path) -> None:
     for pattern in _LEFTOVERS:
         for folder in output_dir.glob(pattern):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def resumed_model_config(built: PretrainedConfig, checkpoint: Path, given: dict[str, set[str]]) -> PretrainedConfig:
+    """The model config to resume `checkpoint` with: `built` (from the flags) where it is the run's; else the run's
+    own (its `config.json`) where every flag that sets a differing field was left at its default (`given` maps each
+    flag given, as typed, to the fields it sets); else a `ValueError` naming the given flags that contradict the run.
+    A checkpoint with no config of this model's type (a PEFT adapter's) leaves `built` as it is."""
+    try:
+        recorded = type(built).from_pretrained(checkpoint)
+    except (OSError, ValueError):
+        return built
+    ours, theirs = built.to_dict(), recorded.to_dict()
+    differing = [key for key in ours if key not in _NOT_THE_MODEL and ours[key] != theirs.get(key)]
+    contradicting = {flag: [key for key in differing if key in fields] for flag, fields in given.items()}
+    if named := [f"{flag} sets {_values(keys, ours, theirs)}" for flag, keys in contradicting.items() if keys]:
+        raise ValueError(
+            f"--resume: {'; '.join(named)}: {'it contradicts' if len(named) == 1 else 'they contradict'} the run's "
+            f"model ({checkpoint / CONFIG_NAME}); leave {'it' if len(named) == 1 else 'them'} out to resume the run "
+            "as it was, or choose another --output-dir"
+        )
+    if differing:
+        restored = ", ".join(f"{key} {theirs.get(key)} (not {ours[key]})" for key in differing)
+        print(f"scalevec-train: resuming the run's model as {checkpoint / CONFIG_NAME} records it: {restored}")
+        return recorded
+    return built
+
+
+def _values(keys: list[str], ours: dict, theirs: dict) -> str:
+    return ", ".join(f"{key} {ours[key]} (the run's {theirs.get(key)})" for key in keys)
