@@ -14,7 +14,6 @@ weight-only quantization (scalevec/quantization.py), on the same items and block
 """
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -28,10 +27,10 @@ from .convert.checkpoint import WEIGHT_FILES, WEIGHT_INDEXES
 from .data.build import DEFAULT_SEQ_LEN, DataArguments, build_held_out_data
 from .data.held_out import DEFAULT_EVAL_TOKENS, DEFAULT_TASK_EXAMPLES
 from .data.sources import check_hub_repo, names_a_local_path
-from .quantization import parse_schemes, quantize_weights
+from .quantization import parse_schemes, quantize_weights, require_torchao
 from .train.evaluation import EvaluationResult, evaluate_model
-from .train.task_scoring import model_length
-from .train.tasks import BUILTIN_TASKS, item_record, load_tasks, parse_task_list
+from .train.task_scoring import check_requests, model_length
+from .train.tasks import BUILTIN_TASKS, load_tasks, parse_task_list, task_file_text
 
 
 def describe(result: EvaluationResult) -> str:
@@ -86,12 +85,15 @@ def _run(args: argparse.Namespace) -> None:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1; got {args.batch_size}")
     schemes = parse_schemes(args.quantize) if args.quantize else []
+    if schemes:
+        require_torchao()  # before the unquantized scoring, which would otherwise be discarded
     if args.output:
         _check_output(args.output)
     cache_only = check_model_source("model", args.model)
     rank, world_size, device = _distributed()
     tasks = load_tasks(parse_task_list(args.tasks), args.task_examples) if args.tasks else []
     tokenizer, model = _load(args.model, device, cache_only)
+    check_requests(tokenizer, tasks, model_length(model))
     held_out = _held_out(args, tokenizer, model, rank) if args.eval_dataset else None
 
     def score(model: torch.nn.Module, name: str) -> EvaluationResult:
@@ -187,7 +189,7 @@ def _export_task(name: str, path: str) -> None:
     if name not in BUILTIN_TASKS:
         raise ValueError(f"--export-task {name}: not a built-in task ({', '.join(BUILTIN_TASKS)})")
     (task,) = load_tasks([name], sys.maxsize)
-    write_text_atomically(path, "".join(json.dumps(item_record(item)) + "\n" for item in task.items))
+    write_text_atomically(path, task_file_text(task))
     print(f"scalevec-eval: wrote the {len(task.items):,} items of {task.source} to {Path(path)}")
 
 

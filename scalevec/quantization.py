@@ -71,17 +71,25 @@ def parse_schemes(text: str) -> list[str]:
     return schemes
 
 
+def require_torchao() -> None:
+    """Import torchao, or say in one line (an `ImportError`) that quantizing needs it and how to install it: a command
+    calls this before its first forward, so a missing torchao costs nothing."""
+    try:
+        import torchao.quantization  # noqa: F401
+    except Exception as error:  # not installed, or built for another torch (which fails in many ways)
+        raise ImportError(
+            f"Quantizing weights needs torchao, which could not be imported ({error}): {TORCHAO_INSTALL}."
+        ) from None
+
+
 def quantize_weights(model: nn.Module, scheme: str) -> nn.Module:
     """Quantize the weights of every linear map in `model`'s decoder layers in place with `scheme` (a key of
     `QUANTIZATION_SCHEMES`) and return `model`. Works on any module tree: a ScaleVec model (folded, or in its
     training form, where the scale vectors stay around the quantized maps), its Llama or Qwen3 export."""
     chosen = _scheme(scheme)
-    try:
-        from torchao.quantization import quantize_
-    except Exception as error:  # not installed, or built for another torch (which fails in many ways)
-        raise ImportError(
-            f"Quantizing weights needs torchao, which could not be imported ({error}): {TORCHAO_INSTALL}."
-        ) from None
+    require_torchao()
+    from torchao.quantization import quantize_
+
     widths = {module.in_features for name, module in model.named_modules() if _is_decoder_linear(module, name)}
     for width in sorted(widths):  # one config per input width: int4's groups must divide it
         config = chosen.config(width)
@@ -121,7 +129,7 @@ def quantization_deltas(base: dict, quantized: dict[str, dict]) -> dict[str, dic
     }
 
 
-_COUNTS = ("tokens", "items")
+_COUNTS = ("tokens", "items", "available", "subset_seed")  # counts, and the key of a task's subset
 
 
 def _differences(base: dict, other: dict) -> dict[str, float]:

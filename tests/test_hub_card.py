@@ -148,3 +148,16 @@ def test_template_in_model_cards_is_the_one_the_package_ships():
     assert (REPO_ROOT / "model_cards" / "scalevec.md").read_bytes() == TEMPLATE.read_bytes(), (
         "model_cards/scalevec.md differs from scalevec/convert/templates/model_card.md: copy the package's template"
     )
+
+
+def test_a_count_in_the_model_index_is_an_integer(tmp_path):
+    """Run records keep every eval figure as a float (`25245.0`); the card's YAML writes a count as one."""
+    saved_stock(tmp_path / "llama", "llama")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "eval_results.json").write_text(json.dumps({"eval_loss": 3.25, "eval_tokens": 25245.0}))
+    readme = write_model_card(
+        tmp_path / "llama", export_target="llama", source_config=tiny_config(), run_dir=tmp_path / "run"
+    )
+    values = {r.metric_type: r.metric_value for r in ModelCard.load(readme).data.eval_results}
+    assert values == {"loss": 3.25, "tokens": 25245} and isinstance(values["tokens"], int)
+    assert "value: 25245\n" in readme.read_text() and "25245.0" not in readme.read_text()

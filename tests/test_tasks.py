@@ -12,15 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM
 from scalevec.data import default_tokenizer
 from scalevec.evaluate import main as evaluate_main
 from scalevec.train.cli import main as train_main
 from scalevec.train.evaluation import evaluate_model
-from scalevec.train.task_scoring import TaskEvaluation, encode_pair, item_scores
+from scalevec.train.task_scoring import TaskEvaluation, check_requests, encode_pair, fed_tokens, item_scores
 from scalevec.train.tasks import (
     BUILTIN_TASKS,
+    Task,
     TaskError,
     TaskItem,
     arc_item,
@@ -31,7 +33,15 @@ from scalevec.train.tasks import (
     winogrande_item,
 )
 
-from ._helpers import log_history, randomize_scales, run_python, run_torchrun, tiny_config, train_argv
+from ._helpers import (
+    TINY_TRAIN_OVERRIDES,
+    log_history,
+    randomize_scales,
+    run_python,
+    run_torchrun,
+    tiny_config,
+    train_argv,
+)
 
 WORDS = [
     "the",
@@ -147,6 +157,23 @@ def test_each_builtin_row_maps_to_the_requests_lm_eval_builds():
     assert set(BUILTIN_TASKS) >= {"hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "sciq"}
 
 
+def test_each_builtin_scores_the_dataset_and_split_lm_eval_scores():
+    """lm-eval's `ConfigurableTask.eval_docs`: the yaml's test_split where it names one, else its validation_split,
+    read from the installed lm-eval's task yamls (includes resolved)."""
+    from lm_eval.tasks import TaskManager
+
+    index = TaskManager().task_index
+    for name, task in BUILTIN_TASKS.items():
+        yaml = index[name].cfg
+        assert (task.path, task.config) == (yaml["dataset_path"], yaml.get("dataset_name")), name
+        assert task.split == (yaml.get("test_split") or yaml["validation_split"]), name
+    assert {name for name, task in BUILTIN_TASKS.items() if task.split == "test"} == {
+        "arc_easy",
+        "arc_challenge",
+        "sciq",
+    }
+
+
 BAD_LINES = {
     "not json": ('{"context": "a", "choices": ["b"], "gold": 0', "not a JSON object"),
     "missing field": ('{"context": "a", "choices": ["b"]}', 'missing "gold"'),
@@ -154,6 +181,8 @@ BAD_LINES = {
     "empty choices": ('{"context": "a", "choices": [], "gold": 0}', '"choices" must be a non-empty list'),
     "a list": ('["a", "b"]', "not a JSON object but a list"),
     "not UTF-8": (b'{"context": "\xe9", "choices": ["b"], "gold": 0}', "not UTF-8 text"),
+    "whitespace context": ('{"context": " \\n ", "choices": ["b"], "gold": 0}', '"context" is only whitespace'),
+    "source line later": ('{"dataset": "a/b"}', 'missing "context"'),
 }
 
 
@@ -169,18 +198,18 @@ def test_a_bad_task_file_fails_in_one_line_naming_file_and_line(tmp_path, case):
     assert message.startswith(f"{path}:3: ") and reason in message and "\n" not in message
 
 
-def test_the_command_prints_the_bad_line_in_one_line(tmp_path, capsys):
+def test_the_command_prints_the_bad_line_in_one_line(model_dir, tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"context": "x", "choices": ["y"], "gold": 3}\n')
-    assert evaluate_main([str(tmp_path / "no-model"), "--tasks", str(path)]) == 1
+    assert evaluate_main([str(model_dir / "model"), "--tasks", str(path)]) == 1
     error = capsys.readouterr().err
     assert error == f'scalevec-eval: error: {path}:1: "gold" must be an index into the 1 choices; got 3\n'
 
 
-def test_an_offline_builtin_name_fails_in_one_line_naming_the_file_to_pass(tmp_path):
-    script = "import sys\nfrom scalevec.evaluate import main\nsys.exit(main(['model', '--tasks', 'arc_easy']))"
+def test_an_offline_builtin_name_fails_in_one_line_naming_the_file_to_pass(model_dir, tmp_path):
+    script = "import sys\nfrom scalevec.evaluate import main\nsys.exit(main([sys.argv[1], '--tasks', 'arc_easy']))"
     env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    result = run_python(script, env=env)
+    result = run_python(script, str(model_dir / "model"), env=env)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if "scalevec-eval" in line]
     assert len(errors) == 1 and errors[0] == result.stderr.rstrip("\n").splitlines()[-1]
@@ -203,15 +232,60 @@ def test_a_builtin_task_and_its_exported_file_score_the_same_items(tmp_path, mon
     exported = tmp_path / "hellaswag.jsonl"
     assert evaluate_main(["--export-task", "hellaswag", str(exported)]) == 0
     assert "wrote the 40 items of Rowan/hellaswag at 218ec52" in capsys.readouterr().out
-    assert len(exported.read_text().splitlines()) == 40
+    source, *lines = exported.read_text().splitlines()
+    assert len(lines) == 40 and json.loads(source) == {
+        "dataset": "Rowan/hellaswag",
+        "config": None,
+        "split": "validation",
+        "revision": BUILTIN_TASKS["hellaswag"].revision,
+    }
     builtin, from_file = load_tasks(["hellaswag"], 10)[0], load_tasks([str(exported)], 10)[0]
     assert builtin.name == from_file.name == "hellaswag" and builtin.available == from_file.available == 40
     assert builtin.items == from_file.items and len(builtin.items) == 10
     assert builtin.items[0] == hellaswag_item(rows[int(builtin.items[0].context.split("Step ")[1].split(".")[0])])
     assert asked[0] == ("Rowan/hellaswag", None, "validation", BUILTIN_TASKS["hellaswag"].revision)
-    # a built-in's scores name its Hub dataset, for the card's .eval_results/ files; a file's name none
-    assert (builtin.dataset, builtin.revision) == ("Rowan/hellaswag", BUILTIN_TASKS["hellaswag"].revision)
-    assert from_file.dataset is None
+    # the exported file names the built-in's Hub source, so offline scores are filed where online ones are
+    assert (
+        builtin.provenance()
+        == from_file.provenance()
+        == {
+            "dataset": "Rowan/hellaswag",
+            "split": "validation",
+            "revision": BUILTIN_TASKS["hellaswag"].revision,
+            "available": 40,
+            "subset_seed": 0,
+        }
+    )
+    assert load_tasks([str(write_task(tmp_path / "own.jsonl", 3))], 10)[0].provenance() == {
+        "available": 3,
+        "subset_seed": 0,
+    }
+
+
+def test_an_exported_builtin_gives_the_card_the_online_builtin_gives(model_dir, tmp_path, monkeypatch):
+    """Offline and online, ARC-Challenge's scores are filed under its dataset, config, test split and revision."""
+    import datasets
+
+    from scalevec.convert.task_results import task_model_index, write_eval_result_files
+
+    rows = [dict(BUILTIN_ROWS["arc_easy"], question=f"Which is gas {i}?", answerKey="ABC"[i % 3]) for i in range(30)]
+    monkeypatch.setattr(datasets, "load_dataset", lambda path, name, split, revision: datasets.Dataset.from_list(rows))
+    exported = tmp_path / "arc_challenge.jsonl"
+    assert evaluate_main(["--export-task", "arc_challenge", str(exported)]) == 0
+    model = ScaleVecForCausalLM.from_pretrained(model_dir / "model")
+    scored = {}
+    for place, entry in (("online", "arc_challenge"), ("offline", str(exported))):
+        results = {"tasks": evaluate_model(model, default_tokenizer(), load_tasks([entry], 12)).tasks}
+        (tmp_path / place).mkdir()
+        (file,) = write_eval_result_files(tmp_path / place, results)
+        scored[place] = (results, task_model_index(results), file.read_text())
+    assert scored["online"] == scored["offline"]
+    results, model_index, eval_result = scored["online"]
+    expected = ("allenai/ai2_arc", "ARC-Challenge", "test", BUILTIN_TASKS["arc_challenge"].revision)
+    assert {(r.dataset_type, r.dataset_config, r.dataset_split, r.dataset_revision) for r in model_index} == {expected}
+    assert model_index[0].dataset_args == {"items": 12, "available": 30, "subset_seed": 0}
+    notes = yaml.safe_load(eval_result)[0]["notes"]
+    assert notes.startswith("acc over 12 of the 30 items of the test split, drawn with seed 0 (config ARC-Challenge)")
 
 
 def test_the_subset_is_fixed_spread_and_nested(tmp_path):
@@ -249,9 +323,33 @@ def test_batched_scores_equal_one_request_at_a_time(model_dir):
 
 def test_a_continuation_longer_than_the_model_is_refused(model_dir):
     model = ScaleVecForCausalLM.from_pretrained(model_dir / "model")
-    item = TaskItem("Q:", ("short", " ".join(["cat"] * 200)), 0)
-    with pytest.raises(ValueError, match=r"a continuation of \d+ tokens exceeds the model.s 128: . cat cat"):
+    item = TaskItem("Q:", ("short", " ".join(["cat"] * 200)), 0, origin="long.jsonl:7")
+    expected = r"^long.jsonl:7: a continuation of 400 tokens exceeds the model.s 128 positions: . cat cat"
+    (task,) = load_tasks([str(model_dir / "mc.jsonl")])
+    with pytest.raises(TaskError, match=expected):
+        check_requests(default_tokenizer(), [Task("long", "long.jsonl", [*task.items, item], 31)], 128)
+    with pytest.raises(TaskError, match=expected):
         dict(TaskEvaluation(default_tokenizer()).loglikelihoods(model, [item]))
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_fed_tokens_count_every_padded_batch_the_scorer_runs(model_dir, world_size):
+    """The plan's task cost: the tokens of the forwards themselves (right-padded batches, one-token fillers)."""
+    model = ScaleVecForCausalLM.from_pretrained(model_dir / "model").eval()
+    tasks = load_tasks([str(model_dir / "mc.jsonl")], 25)
+    fed = []
+    model.register_forward_hook(lambda module, args, kwargs, output: fed.append(kwargs["input_ids"].numel()),
+                                with_kwargs=True)  # fmt: skip
+    for rank in range(world_size):
+        scorer = TaskEvaluation(default_tokenizer(), rank, world_size, batch_size=4)
+        scorer.sums(model, tasks)
+    tokenizer = default_tokenizer()
+    unpadded = sum(
+        len(context) + len(continuation) - 1
+        for item in tasks[0].items
+        for context, continuation in (encode_pair(tokenizer, *request) for request in item.requests())
+    )
+    assert fed_tokens(tokenizer, tasks, 128, 4, world_size) == sum(fed) > unpadded
 
 
 def test_acc_acc_norm_and_bits_per_byte_of_an_item():
@@ -398,6 +496,8 @@ def test_training_scores_the_tasks_at_each_evaluation(model_dir, tmp_path):
     assert summary["eval_mc_acc"] == evaluations[-1]["eval_mc_acc"]
     plan = next(line for line in printed.getvalue().splitlines() if line.startswith("tasks "))
     assert "mc 12 of 30 items, other 12 of 20 items" in plan and "% of the training compute" in plan
+    fed = fed_tokens(default_tokenizer(), load_tasks(tasks.split(","), 12), 1024, batch_size=5)
+    assert f"each evaluation feeds {fed:,} tokens (requests in right-padded batches)" in plan
     assert f"  mc         acc {evaluations[-1]['eval_mc_acc']:.4f}, acc_norm" in printed.getvalue()  # the end
 
     tokenizer = default_tokenizer()
@@ -412,6 +512,30 @@ def test_training_scores_the_tasks_at_each_evaluation(model_dir, tmp_path):
     text = card.read_text()
     assert f"mc (12 items) | accuracy {evaluations[-1]['eval_mc_acc']:.4f}" in text
     assert "mean of the 2 tasks" in text and "eval mc acc" not in text
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ('{"context": "\\n  ", "choices": ["a", "b"], "gold": 0}', '"context" is only whitespace'),
+        (
+            '{"context": "Q:", "choices": ["a", "' + " ".join(["cat"] * 100) + '"], "gold": 0}',
+            "a continuation of 200 tokens",
+        ),
+    ],
+)
+def test_an_unscorable_item_stops_the_run_before_its_first_step(tmp_path, capsys, line, reason):
+    """A whitespace-only context (refused as the file is read) or a choice longer than the model's 64 positions
+    (refused by the Trainer as it is built): one line naming the file and line, before any training step."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"context": "Q:", "choices": ["a", "b"], "gold": 1}\n' + line + "\n")
+    overrides = json.dumps({**json.loads(TINY_TRAIN_OVERRIDES), "max_position_embeddings": 64})
+    argv = train_argv(tmp_path / "run", "--eval-tasks", str(path), "--config-overrides", overrides)
+    assert train_main(argv) == 1
+    captured = capsys.readouterr()
+    error = captured.err.rstrip("\n").splitlines()[-1]
+    assert error.startswith(f"scalevec-train: error: {path}:2: ") and reason in error, captured.err[-2000:]
+    assert "'loss'" not in captured.out and not (tmp_path / "run" / "trainer_state.json").exists()
 
 
 def test_two_training_processes_log_what_one_process_scores_on_the_saved_model(model_dir, tmp_path):

@@ -303,9 +303,13 @@ def _task_figures(metrics: dict[str, float], name: str) -> str:
 
 def _eval_value(key: str, value: float) -> str:
     """A recorded eval metric: a count of tokens as a whole number, saying which tokens; a figure to 4 decimals."""
-    if key.endswith("_tokens"):
+    if _is_count(key):
         return f"{round(value):,} predicted (every token of the blocks read but each block's first)"
     return f"{value:.4f}"
+
+
+def _is_count(key: str) -> bool:
+    return key.endswith("_tokens")
 
 
 def _mfu(summary: dict) -> str:
@@ -364,7 +368,7 @@ def _eval_results(metrics: dict[str, float], datasets: Sequence[str]) -> list[Ev
             dataset_split="held-out",
             metric_type=key.removeprefix("eval_"),
             metric_name=key.replace("_", " "),
-            metric_value=value,
+            metric_value=round(value) if _is_count(key) else value,  # the records keep every figure as a float
         )
         for key, value in metrics.items()
         if not is_task_metric(key)

@@ -225,11 +225,8 @@ def evaluate_model(
 
 
 def _task_scores(task: Task, metrics: dict[str, float]) -> dict:
-    """A task's figures; a built-in task also names its Hub dataset and revision (the card's .eval_results/)."""
-    scores = {key: metrics[f"eval_{task.name}_{key}"] for key in (*TASK_FIGURES, "items")}
-    if task.dataset is not None:
-        scores.update(dataset=task.dataset, revision=task.revision)
-    return scores
+    """A task's figures and what they were computed on (`Task.provenance`: the card's model-index, .eval_results/)."""
+    return {**{key: metrics[f"eval_{task.name}_{key}"] for key in (*TASK_FIGURES, "items")}, **task.provenance()}
 
 
 def _held_out_figures(sums: list[HeldOutSums]) -> dict[str, float] | None:

@@ -24,7 +24,7 @@ from ..run_records import (
     segments_text,
     whole_run,
 )
-from .task_scoring import request_tokens
+from .task_scoring import fed_tokens, model_length
 from .tasks import Task
 from .throughput import model_flops_per_token, throughput_figures, training_peak_flops
 
@@ -112,7 +112,8 @@ def plan(model: torch.nn.Module, args, data: TrainingData, tasks: Sequence[Task]
     lines += [f"data         {_data_line(source)}" for source in data.record["sources"]]
     lines.append(f"held out     {_evaluation_line(args, data, tokens)}")
     if tasks:
-        lines.append(f"tasks        {_tasks_line(tasks, tokenizer, evaluations_planned(args, steps), tokens)}")
+        fed = fed_tokens(tokenizer, list(tasks), model_length(model), args.eval_batch_size, args.world_size)
+        lines.append(f"tasks        {_tasks_line(tasks, fed, evaluations_planned(args, steps), tokens)}")
     saving = "none (--save-strategy no)" if args.save_strategy == "no" else _checkpoint_cadence(args)
     lines.append(f"checkpoints  {saving}")
     peak = training_peak_flops(args)
@@ -152,13 +153,12 @@ def _evaluation_line(args, data: TrainingData, train_tokens: int) -> str:
     )
 
 
-def _tasks_line(tasks: Sequence[Task], tokenizer, evaluations: int, train_tokens: int) -> str:
-    """The tasks each evaluation scores, and their share of the training compute (a forward of every request)."""
-    tokens = request_tokens(tokenizer, tasks)
+def _tasks_line(tasks: Sequence[Task], tokens: int, evaluations: int, train_tokens: int) -> str:
+    """The tasks each evaluation scores, and their share of the training compute (the `tokens` each one feeds)."""
     names = ", ".join(f"{task.name} {len(task.items):,} of {task.available:,} items" for task in tasks)
     share = 100 * evaluations * tokens / (3 * train_tokens)
     return (
-        f"{names} (--task-examples); each evaluation feeds {tokens:,} tokens of requests, "
+        f"{names} (--task-examples); each evaluation feeds {tokens:,} tokens (requests in right-padded batches), "
         f"about {share:.2g} % of the training compute"
     )
 

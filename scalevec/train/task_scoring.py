@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..run_records import TASK_FIGURES, TASKS_MEAN
-from .tasks import Task, TaskItem
+from .tasks import Task, TaskError, TaskItem
 
 _SUMS = 4  # acc, acc_norm, bpb, items
 
@@ -55,20 +55,50 @@ def model_length(model: torch.nn.Module, default: int = 2048) -> int:
     return default
 
 
-def request_tokens(tokenizer, tasks: list[Task]) -> int:
-    """The tokens that scoring `tasks` feeds the model (each choice's context and continuation, less one)."""
-    return sum(
-        len(context_ids) + len(continuation_ids) - 1
-        for task in tasks
-        for item in task.items
-        for context_ids, continuation_ids in (encode_pair(tokenizer, *request) for request in item.requests())
-    )
+def check_requests(tokenizer, tasks: list[Task], length: int) -> None:
+    """Refuse, before anything is trained or scored, an item that cannot be scored by a model of `length`
+    positions: a context or continuation that encodes to no token, or a continuation longer than the model. The
+    `TaskError` names the item's file and line (or a built-in's row)."""
+    for task in tasks:
+        for item in task.items:
+            for context, continuation in item.requests():
+                _encoded(tokenizer, item, context, continuation, length)
+
+
+def _encoded(tokenizer, item: TaskItem, context: str, continuation: str, length: int) -> tuple[list[int], list[int]]:
+    context_ids, continuation_ids = encode_pair(tokenizer, context, continuation)
+    where = item.origin or f"item {item.context[:40]!r}"
+    if not context_ids:
+        raise TaskError(f"{where}: the context {context!r} encodes to no token (there is nothing to condition on)")
+    if not continuation_ids:
+        raise TaskError(f"{where}: the continuation {continuation!r} encodes to no token beyond the context")
+    if len(continuation_ids) > length:
+        raise TaskError(
+            f"{where}: a continuation of {len(continuation_ids)} tokens exceeds the model's {length} positions: "
+            f"{continuation[:60]!r}..."
+        )
+    return context_ids, continuation_ids
+
+
+def fed_tokens(tokenizer, tasks: list[Task], length: int, batch_size: int, world_size: int = 1) -> int:
+    """The tokens that scoring `tasks` feeds a model of `length` positions over `world_size` processes, counted on
+    the batches `TaskEvaluation` builds: each right-padded to its longest request, and the one-token forwards of a
+    process with fewer batches than the busiest."""
+    total = 0
+    for task in tasks:
+        for rank in range(world_size):
+            scorer = TaskEvaluation(tokenizer, rank, world_size, batch_size)
+            batches = [[len(request.inputs) for request in batch] for batch in scorer.batches(task.items, length)]
+            total += sum(len(batch) * max(batch) for batch in batches)
+            total += scorer.forwards(task.items) - len(batches)
+    return total
 
 
 @dataclass
 class _Request:
     item: int  # index among the items being scored
     choice: int
+    choices: int  # of the item
     inputs: list[int]  # fed to the model: context and continuation, less the last token
     continuation: list[int]
 
@@ -89,33 +119,36 @@ class TaskEvaluation:
         """(index, log-likelihood of each choice) of this process's items, in order. Every process runs as many
         forwards as the busiest one (a sharded model needs every process in each forward): the others run a
         one-token filler."""
-        mine = range(self.rank, len(items), self.world_size)
-        most = max(
-            sum(len(items[i].choices) for i in range(r, len(items), self.world_size)) for r in range(self.world_size)
-        )
-        forwards = math.ceil(most / self.batch_size)
-        length = model_length(model)
-        pending: list[_Request] = []
+        forwards = self.forwards(items)
         scores: dict[int, list[float | None]] = {}
-        for index in mine:
-            scores[index] = [None] * len(items[index].choices)
-            for choice, (context, continuation) in enumerate(items[index].requests()):
-                context_ids, continuation_ids = encode_pair(self.tokenizer, context, continuation)
-                if len(continuation_ids) > length:
-                    raise ValueError(
-                        f"a continuation of {len(continuation_ids)} tokens exceeds the model's {length}: "
-                        f"{continuation[:60]!r}..."
-                    )
-                whole = (context_ids + continuation_ids)[-(length + 1) :]
-                pending.append(_Request(index, choice, whole[:-1], continuation_ids))
-                if len(pending) == self.batch_size:
-                    yield from self._flush(model, pending, scores)
-                    forwards -= 1
-        if pending:
-            yield from self._flush(model, pending, scores)
+        for batch in self.batches(items, model_length(model)):
+            yield from self._flush(model, batch, scores)
             forwards -= 1
         for _ in range(forwards):
             self._forward(model, [[0]])
+
+    def forwards(self, items: list[TaskItem]) -> int:
+        """The forwards every process runs on `items`: the busiest process's batches."""
+        most = max(
+            sum(len(items[i].choices) for i in range(r, len(items), self.world_size)) for r in range(self.world_size)
+        )
+        return math.ceil(most / self.batch_size)
+
+    def batches(self, items: list[TaskItem], length: int) -> Iterator[list[_Request]]:
+        """This process's requests (items rank, rank + world_size, ...), `batch_size` at a time, in order, each
+        cut from the left to `length` + 1 tokens."""
+        pending: list[_Request] = []
+        for index in range(self.rank, len(items), self.world_size):
+            item = items[index]
+            for choice, (context, continuation) in enumerate(item.requests()):
+                context_ids, continuation_ids = _encoded(self.tokenizer, item, context, continuation, length)
+                whole = (context_ids + continuation_ids)[-(length + 1) :]
+                pending.append(_Request(index, choice, len(item.choices), whole[:-1], continuation_ids))
+                if len(pending) == self.batch_size:
+                    yield pending
+                    pending = []
+        if pending:
+            yield pending
 
     def _flush(self, model, pending: list[_Request], scores: dict) -> Iterator[tuple[int, list[float]]]:
         """Score the pending requests; yield each item whose choices are all scored, and forget it."""
@@ -127,9 +160,8 @@ class TaskEvaluation:
             log_probs = F.log_softmax(row[end - len(targets) : end].float(), dim=-1)
             sums.append(log_probs.gather(-1, targets[:, None]).sum())
         for request, loglikelihood in zip(pending, torch.stack(sums).tolist()):  # one device sync a batch
-            scores[request.item][request.choice] = loglikelihood
+            scores.setdefault(request.item, [None] * request.choices)[request.choice] = loglikelihood
         done = sorted({request.item for request in pending if None not in scores[request.item]})
-        pending.clear()
         for index in done:
             yield index, scores.pop(index)
 

@@ -8,10 +8,12 @@ Each choice is scored as the continuation of the context, joined by lm-eval's `t
 log-likelihood of `" " + choice` given `context`. An optional `"suffix"` is lm-eval's partial scoring (WinoGrande):
 each choice then completes the context, and what is scored is `" " + suffix` after `context + choice`.
 
-The built-in names load their validation split from the Hub through `datasets`, at a pinned revision, and map their
+The built-in names load from the Hub through `datasets`, at a pinned revision, the split lm-eval scores (its
+`ConfigurableTask.eval_docs`: the yaml's `test_split` where it names one, else its `validation_split`), and map their
 columns to items as lm-eval's task yamls do (`BUILTIN_TASKS`). Offline, write the items on a machine that reaches
-the Hub (`python -m scalevec.evaluate --export-task NAME FILE`) and pass the file: its name gives the same metric
-names, and the same subset is drawn from it.
+the Hub (`python -m scalevec.evaluate --export-task NAME FILE`) and pass the file: its first line names the dataset,
+config, split and revision the items come from (`{"dataset": ..., "config": ..., "split": ..., "revision": ...}`, a
+line any task file may begin with), its name gives the same metric names, and the same subset is drawn from it.
 
 An evaluation reads a fixed subset of each task (`--task-examples`): the first positions of the permutation that
 picks the held-out blocks (`evaluation_blocks`), so it is the same at every evaluation, in every run and on any
@@ -21,11 +23,11 @@ number of processes, and a smaller subset is part of a larger one.
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..data.held_out import DEFAULT_TASK_EXAMPLES, set_names
-from ..data.sampler import evaluation_blocks
+from ..data.sampler import EVALUATION_SEED, evaluation_blocks
 from ..run_records import TASKS_MEAN
 
 TARGET_DELIMITER = " "  # lm-eval's default `target_delimiter`, between a context and each choice
@@ -41,6 +43,7 @@ class TaskItem:
     choices: tuple[str, ...]
     gold: int  # index into `choices`
     suffix: str | None = None  # partial scoring: each choice completes the context, then this is scored
+    origin: str = field(default="", compare=False)  # where it was read ("file:line"), for error messages
 
     def requests(self) -> list[tuple[str, str]]:
         """(context, continuation) per choice, as lm-eval's `construct_requests` builds them."""
@@ -56,14 +59,25 @@ class TaskItem:
         return [len(self.context + choice) for choice in self.choices]
 
 
+SOURCE_FIELDS = ("dataset", "config", "split", "revision")  # where a task's items come from on the Hub
+
+
 @dataclass
 class Task:
     name: str  # in metric names: eval_<name>_acc
     source: str  # the file, or the Hub dataset, revision and split
     items: list[TaskItem]  # the evaluated subset
     available: int  # items in the source
-    dataset: str | None = None  # a built-in task's Hub dataset (for the Hub's .eval_results/ files)
+    dataset: str | None = None  # the Hub dataset the items come from (the card's model-index, .eval_results/)
+    config: str | None = None  # ... its configuration
+    split: str | None = None  # ... its split
     revision: str | None = None  # ... and its commit
+
+    def provenance(self) -> dict:
+        """What a score of this task was computed on, for the results file and the card: the Hub dataset, config,
+        split and revision where known, and the subset (`items` of `available`, drawn with `subset_seed`)."""
+        hub = {key: value for key in SOURCE_FIELDS if (value := getattr(self, key)) is not None}
+        return {**hub, "available": self.available, "subset_seed": EVALUATION_SEED}
 
 
 # --- built-in tasks: lm-eval's task yamls (lm_eval/tasks/<task>/), mapped row by row ---------------------------
@@ -126,22 +140,30 @@ class BuiltinTask:
     config: str | None
     revision: str  # the dataset's commit
     to_item: Callable[[dict], TaskItem]
-    split: str = "validation"
+    split: str  # the split lm-eval scores: its yaml's test_split where it names one, else validation_split
 
 
 # Revisions: each is the commit that several public evaluation projects pin, and that `datasets` caches of real
 # downloads show in their paths (<owner>___<name>/<config>/0.0.0/<commit>); this machine reaches no Hub to ask.
 BUILTIN_TASKS = {
-    "hellaswag": BuiltinTask("Rowan/hellaswag", None, "218ec52e09a7e7462a5400043bb9a69a41d06b76", hellaswag_item),
-    "arc_easy": BuiltinTask("allenai/ai2_arc", "ARC-Easy", "210d026faf9955653af8916fad021475a3f00453", arc_item),
+    "hellaswag": BuiltinTask(
+        "Rowan/hellaswag", None, "218ec52e09a7e7462a5400043bb9a69a41d06b76", hellaswag_item, "validation"
+    ),
+    "arc_easy": BuiltinTask(
+        "allenai/ai2_arc", "ARC-Easy", "210d026faf9955653af8916fad021475a3f00453", arc_item, "test"
+    ),
     "arc_challenge": BuiltinTask(
-        "allenai/ai2_arc", "ARC-Challenge", "210d026faf9955653af8916fad021475a3f00453", arc_item
+        "allenai/ai2_arc", "ARC-Challenge", "210d026faf9955653af8916fad021475a3f00453", arc_item, "test"
     ),
-    "piqa": BuiltinTask("baber/piqa", None, "142f6d7367fd9877f0fb3b5734ea6a545f54cdd1", piqa_item),
+    "piqa": BuiltinTask("baber/piqa", None, "142f6d7367fd9877f0fb3b5734ea6a545f54cdd1", piqa_item, "validation"),
     "winogrande": BuiltinTask(
-        "allenai/winogrande", "winogrande_xl", "01e74176c63542e6b0bcb004dcdea22d94fb67b5", winogrande_item
+        "allenai/winogrande",
+        "winogrande_xl",
+        "01e74176c63542e6b0bcb004dcdea22d94fb67b5",
+        winogrande_item,
+        "validation",
     ),
-    "sciq": BuiltinTask("allenai/sciq", None, "2c94ad3e1aafab77146f384e23536f97a4849815", sciq_item),
+    "sciq": BuiltinTask("allenai/sciq", None, "2c94ad3e1aafab77146f384e23536f97a4849815", sciq_item, "test"),
 }
 
 
@@ -169,9 +191,9 @@ def load_tasks(entries: list[str], examples: int = DEFAULT_TASK_EXAMPLES) -> lis
 def _load_task(entry: str, name: str, examples: int) -> Task:
     path = Path(entry).expanduser()
     if path.is_file():
-        items = read_task_file(path)
+        items, hub = read_task_file(path)
         chosen = evaluation_blocks(len(items), examples)
-        return Task(name, str(path), [items[index] for index in chosen], len(items))
+        return Task(name, str(path), [items[index] for index in chosen], len(items), **hub)
     if entry in BUILTIN_TASKS:
         return _load_builtin(entry, examples)
     if entry.endswith(".jsonl") or "/" in entry:
@@ -192,24 +214,39 @@ def _load_builtin(name: str, examples: int) -> Task:
             f"{name}.jsonl instead, written where the Hub is reachable by "
             f"`python -m scalevec.evaluate --export-task {name} {name}.jsonl`"
         ) from None
-    chosen = evaluation_blocks(len(rows), examples)
-    items = [task.to_item(row) for row in rows.select(chosen)]
-    return Task(name, f"{where}, {task.split} split", items, len(rows), task.path, task.revision)
+    chosen = [int(index) for index in evaluation_blocks(len(rows), examples)]
+    items = [
+        _with_origin(task.to_item(row), f"task {name}: {task.path} {task.split} row {index}")
+        for index, row in zip(chosen, rows.select(chosen))
+    ]
+    hub = {"dataset": task.path, "config": task.config, "split": task.split, "revision": task.revision}
+    return Task(name, f"{where}, {task.split} split", items, len(rows), **hub)
 
 
-def read_task_file(path: Path) -> list[TaskItem]:
-    """Every item of a jsonl task file; a bad line is a `TaskError` naming the file and line."""
-    items = []
+def _with_origin(item: TaskItem, origin: str) -> TaskItem:
+    return TaskItem(item.context, item.choices, item.gold, item.suffix, origin)
+
+
+def read_task_file(path: Path) -> tuple[list[TaskItem], dict]:
+    """Every item of a jsonl task file, and the Hub source its first line may name (`SOURCE_FIELDS`, else {});
+    a bad line is a `TaskError` naming the file and line."""
+    items, hub = [], {}
     with open(path, "rb") as lines:
         for number, line in enumerate(lines, start=1):
-            if line.strip():
-                items.append(_parse_item(line, f"{path}:{number}"))
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            record = _json_object(line, where)
+            if not items and not hub and "context" not in record and "dataset" in record:
+                hub = _parse_source(record, where)
+            else:
+                items.append(_parse_item(record, where))
     if not items:
         raise TaskError(f"task file {path}: no items")
-    return items
+    return items, hub
 
 
-def _parse_item(line: bytes, where: str) -> TaskItem:
+def _json_object(line: bytes, where: str) -> dict:
     try:
         record = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
@@ -218,6 +255,22 @@ def _parse_item(line: bytes, where: str) -> TaskItem:
         raise TaskError(f"{where}: not a JSON object ({error})") from None
     if not isinstance(record, dict):
         raise TaskError(f"{where}: not a JSON object but a {type(record).__name__}")
+    return record
+
+
+def _parse_source(record: dict, where: str) -> dict:
+    """The first line's Hub source: `{"dataset": "owner/name", "config": ..., "split": ..., "revision": ...}`."""
+    if unknown := sorted(set(record) - set(SOURCE_FIELDS)):
+        raise TaskError(f"{where}: a source line has only {', '.join(SOURCE_FIELDS)}; got {', '.join(unknown)}")
+    for key, value in record.items():
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise TaskError(f'{where}: "{key}" of the source line must be a non-empty string; got {value!r}')
+    if record["dataset"] is None:
+        raise TaskError(f'{where}: a source line names its "dataset"')
+    return record
+
+
+def _parse_item(record: dict, where: str) -> TaskItem:
     for key in ("context", "choices", "gold"):
         if key not in record:
             raise TaskError(f'{where}: missing "{key}" (an item is {{"context": ..., "choices": [...], "gold": i}})')
@@ -230,13 +283,21 @@ def _parse_item(line: bytes, where: str) -> TaskItem:
         raise TaskError(f'{where}: "gold" must be an index into the {len(choices)} choices; got {gold!r}')
     if suffix is not None and (not isinstance(suffix, str) or not suffix):
         raise TaskError(f'{where}: "suffix" must be a non-empty string; got {suffix!r}')
-    if not context and suffix is None:
-        raise TaskError(f'{where}: "context" is empty')
-    return TaskItem(context, tuple(choices), gold, suffix)
+    if not context.strip() and suffix is None:
+        raise TaskError(f'{where}: "context" is {"only whitespace" if context else "empty"}: nothing to score from')
+    return TaskItem(context, tuple(choices), gold, suffix, where)
 
 
-def item_record(item: TaskItem) -> dict:
-    """An item as a task-file line (`read_task_file` reads it back)."""
+def task_file_text(task: Task) -> str:
+    """`task` as a task file that `read_task_file` reads back: its Hub source on the first line (where it has one),
+    then an item a line."""
+    hub = {key: getattr(task, key) for key in SOURCE_FIELDS}
+    lines = [hub] if task.dataset is not None else []
+    lines += [_item_record(item) for item in task.items]
+    return "".join(json.dumps(line) + "\n" for line in lines)
+
+
+def _item_record(item: TaskItem) -> dict:
     record = {"context": item.context, "choices": list(item.choices), "gold": item.gold}
     return record if item.suffix is None else {**record, "suffix": item.suffix}
 

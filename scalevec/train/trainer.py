@@ -34,7 +34,7 @@ from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback, activati
 from .evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, score_together, token_byte_lengths
 from .optim import DecayConfig, MuonAdamW, decay_toward_targets, describe_groups, parameter_groups
 from .run_clock import RunClockCallback
-from .task_scoring import TaskEvaluation, task_metrics
+from .task_scoring import TaskEvaluation, check_requests, model_length, task_metrics
 from .tasks import Task
 from .throughput import ThroughputCallback
 
@@ -244,6 +244,7 @@ class ScaleVecTrainer(Trainer):
         super().__init__(*bound.args[1:], **bound.kwargs)
         if self.tasks and self.processing_class is None:
             raise ValueError("scoring tasks needs the tokenizer: pass it as processing_class")
+        check_requests(self.processing_class, self.tasks, model_length(self.model))  # before step 1, not at its end
         if self.args.torch_compile:
             _install_output_hooks(self.model)
         callbacks = self.callback_handler.callbacks
