@@ -367,7 +367,7 @@ def test_holm_adjusts_over_every_tested_row():
 
 def test_a_bootstrap_fit_recovers_the_exponent_inside_its_interval():
     sizes = ("1x16", "1x32", "2x32", "2x64", "4x64")
-    grid = synthetic_grid(sizes=sizes, variants=("standard", "unified"), rates=(1e-3,), seeds=(0, 1, 2, 3))
+    grid = synthetic_grid(sizes=sizes, variants=("standard", "unified"), rates=(1e-3,), seeds=(0, 1, 2, 3, 4))
     rng = np.random.default_rng(3)
     noise = {seed: rng.normal(0, 0.004, len(sizes)) for seed in grid.seeds}
     alphas = {"standard": 0.3, "unified": 0.45}

@@ -1,6 +1,6 @@
 """`scalevec-ablate --quantize`: each finished run's final model evaluated on the report half unquantized and with
 int8 / int4 weights, recorded, and judged as the claim "unified quantizes as well as standard" (non-inferiority with
-a stated margin). One tiny grid end to end; the verdicts on synthetic records."""
+a stated margin, `--quantization-margin`). One tiny grid end to end; the verdicts on synthetic records."""
 
 import json
 
@@ -31,10 +31,11 @@ def test_each_run_records_its_quantized_losses_and_the_claim_gets_a_row(tmp_path
         assert losses["int4"] != losses["none"] and abs(losses["int8"] - losses["none"]) < 0.05
     claims = (root / "claims.md").read_text()
     for scheme in ("int8", "int4"):
-        assert f"| {QUANTIZES} ({scheme} weights) | 1x32 | {scheme} loss increase of unified (lr 0.01)" in claims
+        statement = f"{QUANTIZES} {QUANTIZATION_MARGIN:g} nats of standard ({scheme} weights)"
+        assert f"| {statement} | 1x32 | {scheme} loss increase of unified (lr 0.01)" in claims
     increases = {r.variant: r.quantized_report_loss["int4"] - r.quantized_report_loss["none"] for r in records}
     assert f"3: {increases['unified'] - increases['standard'] - QUANTIZATION_MARGIN:+.4f}" in claims
-    assert "non-inferiority test with that margin" in claims
+    assert "a non-inferiority test" in claims
 
 
 @pytest.mark.parametrize(
@@ -52,10 +53,12 @@ def test_the_quantization_row_is_a_non_inferiority_test(extra, verdict):
         increase = 0.1 + (extra[r.seed] if r.variant == "unified" else 0.0)
         r.quantized_report_loss = {"none": 3.2, "int4": 3.2 + increase}
     tests = claim_verdicts(summarise(records, grid), [], ["1x16"])
-    row = next(t for t in tests if t.claim == f"{QUANTIZES} (int4 weights)")
-    assert row.verdict == verdict and row.prediction == "Δ < 0"
+    row = next(t for t in tests if t.claim == f"{QUANTIZES} 0.01 nats of standard (int4 weights)")
+    assert row.verdict == verdict and row.prediction == "Δ < 0" and row.family == "non-inferiority"
     assert row.differences == pytest.approx({seed: e - QUANTIZATION_MARGIN for seed, e in enumerate(extra)})
-    assert "non-inferiority" in claims_markdown(tests, "synthetic", [])
+    text = claims_markdown(tests, "synthetic", [])
+    assert "(unified's increase is within 0.01 nats of standard's)" in text
+    assert "no more than" not in text and "as well as" not in text
 
 
 def test_without_quantize_there_is_no_quantization_row():

@@ -29,7 +29,8 @@ the same text reports.
 With `--decay-at` (WSD), each budget a run branches is a record too, and the report gives loss against tokens at
 each variant's chosen rate and, in the final report, a fit of L(N, D). `--metric` judges the claims on another logged
 figure (a task's accuracy, say; its direction from its name). `--quantize int8,int4` evaluates each finished run's
-final model with quantized weights on the report half, for the claim that unified quantizes as well as standard.
+final model with quantized weights on the report half, for the claim that unified quantizes within a margin of
+standard (`--quantization-margin`); `--min-effect` is the floor below which no paired claim holds.
 """
 
 import json
@@ -48,6 +49,7 @@ from .branches import plan_budgets, unfinished_budgets
 from .cli import ModelArguments, check_output_dir, config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
 from .report import tokens_per_step
+from .study.claims import MIN_EFFECT, QUANTIZATION_MARGIN, Thresholds
 from .study.grid import Grid, GridPoint, build_sizes
 from .study.metric import LOSS, check_logged, metric_name
 from .study.records import (
@@ -115,7 +117,23 @@ class AblationArguments:
         metadata={
             "help": "Comma-separated weight schemes (int8, int4; torchao): after each run, its final model is "
             "evaluated on the report half unquantized and with each scheme's weights (main process), and the claims "
-            "gain a row per scheme: unified quantizes as well as standard (non-inferiority, margin in claims.md)."
+            "gain a row per scheme and size: unified quantizes within --quantization-margin nats of standard."
+        },
+    )
+    min_effect: float = field(
+        default=MIN_EFFECT,
+        metadata={
+            "help": "The floor of a paired claim's effect, in the metric's units (nats of held-out loss, where 0.01 "
+            "is 1 %% of perplexity; on an accuracy 0.01 is a point): a row holds (or is contradicted) only when its "
+            "interval excludes 0 and its mean Δ lies beyond the floor; a smaller mean leaves it unresolved."
+        },
+    )
+    quantization_margin: float = field(
+        default=QUANTIZATION_MARGIN,
+        metadata={
+            "help": "The quantization rows' non-inferiority margin in nats: a row holds when unified's loss increase "
+            "is within this margin of standard's (the 95 %% interval of their difference minus the margin lies "
+            "below 0)."
         },
     )
     report_only: bool = field(
@@ -216,6 +234,7 @@ def run_ablation(
     if ablation.report_only and not root.is_dir():
         raise ValueError(f"--output-dir {root}: no such folder, so nothing to report")
     metric = metric_name(ablation.metric)
+    thresholds = Thresholds(ablation.min_effect, ablation.quantization_margin)
     schemes = parse_schemes(ablation.quantize) if ablation.quantize else []
     if not ablation.report_only:
         check_held_out(data_args)
@@ -244,13 +263,13 @@ def run_ablation(
             done_now = next(r for r in records if r.point == point and r.budget is None)
             print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
             # a killed study still reports; figures and the budgets' bootstrap fits only at the end
-            write_report(records, grid, root, figures=False, budget_fits=False, metric=metric)
+            write_report(records, grid, root, figures=False, budget_fits=False, metric=metric, thresholds=thresholds)
     if not main_process:
         return []
     for point in [] if ablation.report_only else share:  # finished runs --resume kept, trained without --quantize
         _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
     records = study_records(grid, root)
-    print(*write_report(records, grid, root, metric=metric), sep="\n")
+    print(*write_report(records, grid, root, metric=metric, thresholds=thresholds), sep="\n")
     runs = [r for r in records if r.budget is None]
     counts = {status: sum(r.status == status for r in runs) for status in (FINISHED, DIVERGED, MISSING)}
     print(

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ...run_records import finished_step, read_run_records
+from .intervals import MIN_BOOTSTRAP_SEEDS, bootstrap_caveat
 
 MIN_SIZES, MIN_BUDGETS = 4, 3  # sizes with at least MIN_BUDGETS budgets each
 MIN_SEEDS_FOR_INTERVALS = 3
@@ -235,9 +236,11 @@ def fit_surfaces(rows: list[BudgetRow], resamples: int = RESAMPLES, seed: int = 
 
 def describe(fits: dict[str, SurfaceFit]) -> str:
     """The fits as markdown: per variant its estimates with their 95 % intervals, or why it was not tested."""
+    resampled = min([fit.seeds for fit in fits.values() if fit.resamples], default=MIN_BOOTSTRAP_SEEDS)
     lines = [
         "L(N, D) = E + A·N^-α + B·D^-β (N: non-embedding parameters, D: training tokens); Huber loss (δ = 1e-3) on "
-        "log L over every run's final eval loss at every budget; 95 % intervals: percentile bootstrap over seeds.",
+        "log L over every run's final eval loss at every budget; 95 % intervals: percentile bootstrap over seeds."
+        + (f" {caveat}" if (caveat := bootstrap_caveat(resampled)) else ""),
         "",
     ]
     for variant, fit in fits.items():

@@ -15,10 +15,10 @@ from pathlib import Path
 from ...atomic import write_text_atomically
 from ...run_records import duration_text
 from .budgets import NOT_TESTED, BudgetRow, SurfaceFit, describe, fit_surfaces, markdown_table
-from .claims import claim_verdicts, claims_markdown, interval_text
+from .claims import DEFAULT_THRESHOLDS, Thresholds, claim_verdicts, claims_markdown, interval_text
 from .curves import plot_losses
 from .grid import Grid
-from .intervals import paired_interval
+from .intervals import bootstrap_caveat, paired_interval
 from .metric import LOSS, describe_metric
 from .records import DIVERGED, FINISHED, MISSING, RunRecord, records_json
 from .scaling import COUNTS, REPLICATES, ScalingFit, plot_scaling, scaling_fits
@@ -43,25 +43,27 @@ def write_report(
     figures: bool = True,
     budget_fits: bool = True,
     metric: str = LOSS,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> tuple[str, str]:
     """Write the study's files into `root` from `records` (every point of `grid`'s, then the budgets branched from
     them); returns the text of `results.md` and of `claims.md`. Without `figures` no picture is drawn, and without
     `budget_fits` no L(N, D) fit (its bootstrap takes seconds per variant): the rewrite after every run skips both.
-    The claims are judged on `metric` (`study.metric`), the learning rates chosen on the held-out loss."""
+    The claims are judged on `metric` (`study.metric`), the learning rates chosen on the held-out loss; `thresholds`:
+    the verdicts' floor and non-inferiority margin (`--min-effect`, `--quantization-margin`)."""
     branches = [r for r in records if r.budget is not None]
     records = [r for r in records if r.budget is None]
     summaries = summarise(records, grid, metric)
     best = best_runs(records, summaries)
     sizes = [size.name for size in grid.sizes]
     fits = scaling_fits(best, sizes, len(grid.seeds))
-    claims = claim_verdicts(summaries, fits, sizes, metric)
+    claims = claim_verdicts(summaries, fits, sizes, metric, thresholds)
     runs = status_lines(records)
     rows = budget_rows(best, branches)
     surfaces = fit_surfaces(rows) if budget_fits and rows else None
     table = results_markdown(records, runs, best, summaries, fits, grid, metric)
     if branches:
         table += "\n" + "\n".join(budgets_section(rows, surfaces)) + "\n"
-    verdicts = claims_markdown(claims, grid.describe(), runs, metric)
+    verdicts = claims_markdown(claims, grid.describe(), runs, metric, thresholds)
     results = {
         "grid": {
             "sizes": [asdict(size) for size in grid.sizes],
@@ -200,7 +202,8 @@ def scaling_table(fits: list[ScalingFit]) -> list[str]:
         return ["No fit: it needs 4 sizes or more, each variant at its best learning rate at every one."]
     rows = [
         f"L = E + A·N^-α, a Huber fit (δ = 1e-3) on log L of every seed's report-half loss at each size's best "
-        f"learning rate; 95 % intervals: percentiles of {REPLICATES} refits on seeds resampled with replacement.",
+        f"learning rate; 95 % intervals: percentiles of {REPLICATES} refits on seeds resampled with replacement."
+        + (f" {caveat}" if (caveat := bootstrap_caveat(min(len(fit.seeds) for fit in fits))) else ""),
         "",
         "| variant | N counted | E [95 %] | at a bound | A | α [95 %] | rms of the means (nats) | sizes | seeds |",
         "|---|---|---|---|---|---|---|---|---|",
