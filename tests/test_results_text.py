@@ -103,6 +103,11 @@ def signed_range(values: list[float], decimals: int) -> str:
     return f"{min(values):+.{decimals}f} to {max(values):+.{decimals}f}"
 
 
+def recorded(claim: dict) -> Interval:
+    """A claim's interval as its record holds it."""
+    return Interval(*(claim["interval"][key] for key in ("n", "mean", "low", "high", "p_value")))
+
+
 def quoted_interval(interval: Interval, decimals: int) -> str:
     return f"{interval.mean:+.{decimals}f} [{interval.low:+.{decimals}f}, {interval.high:+.{decimals}f}]"
 
@@ -168,10 +173,10 @@ def test_the_loss_claims_as_quoted():
     assert [(c["verdict"], c["holm_verdict"]) for c in loss_rows] == [("holds", "holds")] * 2
     assert all(flag.endswith("one learning rate only: not tuned") for c in loss_rows for flag in c["flags"])
     for claim in loss_rows:
-        interval = Interval(**claim["interval"])
+        interval = recorded(claim)
         seeds = ", ".join(f"{claim['differences'][seed]:+.3f}" for seed in sorted(claim["differences"]))
         assert f"{quoted_interval(interval, 4)} (seeds {seeds}): **holds**, after Holm too" in ladder_text()
-    removing, lowest = (Interval(**c["interval"]) for c in loss_rows)
+    removing, lowest = (recorded(c) for c in loss_rows)
     assert f"costs {removing.mean:+.3f} nats [{removing.low:+.3f}, {removing.high:+.3f}]" in study_text()
     assert f"lowest by {-lowest.mean:.3f} [{-lowest.high:.3f}, {-lowest.low:.3f}]" in study_text()
     for name, text in (("README", readme_text()), ("study.md", study_text()), ("RESULTS", ladder_text())):
@@ -206,7 +211,7 @@ def test_the_ladders_parameters_rates_and_noise_as_quoted():
     stds = [s["report_loss_std"] for s in results["summary"]]
     assert f"seed standard deviations of {min(stds):.2f} to {max(stds):.2f} nats" in wsd_text()
     half_widths = [
-        Interval(**c["interval"]).half_width
+        recorded(c).half_width
         for c in results["claims"]
         if c["verdict"] == "unresolved" and c["differences"]  # the scaling row has no per-seed differences
     ]
