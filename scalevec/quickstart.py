@@ -22,7 +22,6 @@ from .atomic import exit_status, removed_if_left_empty
 from .convert.card import card_writer
 from .convert.errors import ConversionError
 from .convert.pipeline import OutputOptions, export_checkpoint
-from .data.build import EMBEDDED
 from .data.held_out import recorded_evaluation
 from .data.prepared import TOKENIZER_FOLDER, PreparedMetadata, split_file
 from .run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, EvaluationRecord, duration_text, read_json
@@ -142,12 +141,11 @@ def report(output_dir: Path, samples: dict[str, dict[str, str]]) -> str:
     summary, metrics = read_json(run_dir / RUN_SUMMARY) or {}, read_json(run_dir / "all_results.json") or {}
     config = read_json(run_dir / "config.json") or {}
     sources = [source["name"] for source in (read_json(run_dir / TRAINING_DATA) or {}).get("sources", [])]
-    data = f"{EMBEDDED} (CPython's documentation and docstrings)" if sources == [EMBEDDED] else sources
     lines = [
         "",
         "== ScaleVec quickstart: what happened ==",
         f"Trained a {config.get('scale_preset')} ScaleVec model for {summary['steps']:,} steps on "
-        f"{summary['tokens_seen']:,} tokens of {data}, in {duration_text(summary['wall_seconds'])} on "
+        f"{summary['tokens_seen']:,} tokens of {', '.join(sources)}, in {duration_text(summary['wall_seconds'])} on "
         f"{summary['hardware']}.",
         *_explained(metrics, config.get("vocab_size"), baselines(run_dir)),
         "A model this small, trained for minutes, repeats itself: the samples below show that both exports load "
@@ -167,7 +165,7 @@ def report(output_dir: Path, samples: dict[str, dict[str, str]]) -> str:
         "Next:",
         f"  scalevec-convert push {output_dir / 'scalevec'} <your-name>/<model-name>   # publish on the Hub",
         "  scalevec-train --dataset data/ --max-steps 2000 --output-dir runs/mine    # your own text/jsonl/parquet",
-        "  scalevec-ablate --max-steps 300 --seeds 0,1 --output-dir runs/ablation    # the paper's strategies",
+        "  scalevec-ablate --max-steps 300 --seeds 0,1,2 --output-dir runs/ablation  # the paper's strategies",
     ]
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ from huggingface_hub import ModelCard
 from transformers import LlamaForCausalLM
 
 from scalevec import ScaleVecForCausalLM
+from scalevec.data.corpus import corpus_name
 
 from ._helpers import logits, random_ids, run_python
 
@@ -58,9 +59,7 @@ def test_main_job_trains_exports_with_cards_and_loads_each_export_in_a_fresh_pro
         assert ("loss", eval_loss) in [(r.metric_type, r.metric_value) for r in card.data.eval_results]
         assert load in card.text and "| optimizer steps | 4 |" in card.text
         assert card.data.model_name == "tiny quickstart model" and "\n# tiny quickstart model\n" in card.text
-        assert (
-            "| `the embedded default corpus` |" in card.text and " on 1 × CPU (" in card.text
-        )  # its data and hardware
+        assert f"| `{corpus_name()}` |" in card.text and " on 1 × CPU (" in card.text  # its data and hardware
     trained = ScaleVecForCausalLM.from_pretrained(output / "run").eval()
     ids = random_ids(trained.config)
     exported = LlamaForCausalLM.from_pretrained(output / "llama").eval()
@@ -78,6 +77,8 @@ def test_main_job_explains_its_numbers_and_says_what_to_do_next(quickstart):
     frequency = float(re.search(r"by its frequency in the training data scores (\d+\.\d+): ", summary).group(1))
     assert 3 < frequency < math.log(4096) - 1  # text is far from uniform
     assert "the model has not learned even that much yet" in summary  # four steps learn less than frequencies
+    assert f" tokens of {corpus_name()}, in " in summary  # what the data is, and its size
+    assert "scalevec-ablate --max-steps 300 --seeds 0,1,2 " in summary  # 3 seeds: the fewest that can resolve a claim
     assert re.search(r"where zlib -9 compresses the same text to \d\.\d\d\.", summary)
     assert "repeats itself" in summary
     for line in (

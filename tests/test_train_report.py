@@ -12,6 +12,7 @@ import pytest
 from scalevec import ScaleVecForCausalLM
 from scalevec.convert import OutputOptions, export_checkpoint
 from scalevec.convert.card import card_writer
+from scalevec.data.corpus import corpus_documents, corpus_name
 from scalevec.run_records import TRAINING_DATA, EvaluationRecord
 from scalevec.train.cli import main
 from scalevec.train.diagnostics import READING, run_figure, scale_statistics
@@ -63,9 +64,12 @@ def test_the_plan_states_model_tokens_data_and_device(run):
     assert f"({768 / (total - embeddings):.2f} per non-embedding parameter; Chinchilla's" in plan
     record = json.loads((output / "training_data.json").read_text())
     source = record["sources"][0]
-    assert (
-        f"data         the embedded default corpus: {source['documents']:,} documents, {source['tokens']:,} tokens"
-        in plan
+    assert f"data         {corpus_name()}: {source['documents']:,} documents, {source['tokens']:,} tokens" in plan
+    megabytes = sum(len(text.encode()) for text in corpus_documents()) / 1e6  # what it is, and its size
+    assert re.fullmatch(
+        r"CPython 3\.\d+'s pydoc help topics and standard-library docstrings \(the embedded corpus, "
+        rf"{megabytes:.1f} MB of text\)",
+        corpus_name(),
     )
     assert "checkpoints  none (--save-strategy no)" in plan
     assert f"MFU against {PEAK / 1e12:g} TFLOP/s per device" in plan and "device       1 × CPU (" in plan
@@ -135,9 +139,7 @@ def test_a_card_is_titled_by_name_and_names_its_data_and_hardware(run, tmp_path)
     title = re.search(r"\n# (.+)\n", card).group(1)
     assert title.startswith("ScaleVec unified dense language model, ") and title.endswith(" M parameters")
     assert "llama" not in title and "run" not in title
-    assert (
-        "| `the embedded default corpus` |" in card and "tokenizer the embedded byte-level BPE (4,096 tokens)" in card
-    )
+    assert f"| `{corpus_name()}` |" in card and "tokenizer the embedded byte-level BPE (4,096 tokens)" in card
     assert re.search(r"\| training wall time \| [\d.]+ s on 1 × CPU \(.+, \d+ threads\) \(fp32\) \|", card)
     assert "| throughput |" in card and "model FLOPs utilisation" in card
     # A count of tokens as a whole number, saying which ones; other figures to 4 decimals.

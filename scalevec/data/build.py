@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..run_records import EvaluationRecord, HeldOutSetRecord
 from .checks import prepared_tokenizer, verify
-from .corpus import cache_dir, default_corpus_file, default_tokenizer
+from .corpus import cache_dir, corpus_name, default_corpus_file, default_tokenizer
 from .held_out import (
     DEFAULT_EVAL_TOKENS,
     DEFAULT_TASK_EXAMPLES,
@@ -44,7 +44,6 @@ from .sources import DataError, Source, check_hub_repo, find_source, is_missing_
 from .streaming import streamed_blocks
 
 DEFAULT_SEQ_LEN = 256
-EMBEDDED = "the embedded default corpus"  # the data without --dataset: CPython's documentation and docstrings
 EMBEDDED_TOKENIZER = "the embedded byte-level BPE"
 COMBINE_COMMAND = (
     "scalevec-data combine PART... --output FOLDER"  # joins the parts of a preparation split with --shard
@@ -59,7 +58,7 @@ class DataArguments:
         metadata={
             "help": "Comma-separated training data: prepared folders (scalevec-data prepare), text/jsonl/json/"
             "parquet files or folders (prepared into a cache once), or Hub dataset ids. Default: the embedded "
-            "default corpus (CPython's documentation and docstrings)."
+            "corpus, CPython's pydoc help topics and standard-library docstrings (2.2 MB of text on Python 3.11)."
         },
     )
     dataset_weights: str | None = field(
@@ -462,7 +461,7 @@ class _Builder:
 
     def _label(self, entry: str) -> str:
         # An --eval-dataset file is named as given, also when the training data is the embedded corpus.
-        return EMBEDDED if self.args.dataset is None and entry == str(default_corpus_file()) else entry
+        return corpus_name() if self.args.dataset is None and entry == str(default_corpus_file()) else entry
 
 
 def _display_name(tokenizer_name: str) -> str:

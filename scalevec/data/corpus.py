@@ -7,6 +7,7 @@ version and the vocabulary size.
 """
 
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -77,6 +78,18 @@ def default_corpus_file() -> Path:
             raise RuntimeError(f"the embedded corpus holds only {len(text.encode())} bytes; expected at least 1 MB")
         write_text_atomically(path, text)
     return path
+
+
+@functools.cache
+def corpus_name() -> str:
+    """The embedded corpus as people are told of it, in the plan, the records and the cards: what it is and its size
+    (which depend on the Python version)."""
+    documents = [json.loads(line)["text"] for line in default_corpus_file().read_text().splitlines()]
+    megabytes = sum(len(text.encode()) for text in documents) / 1e6
+    return (
+        f"CPython {sys.version_info[0]}.{sys.version_info[1]}'s pydoc help topics and standard-library docstrings "
+        f"(the embedded corpus, {megabytes:.1f} MB of text)"
+    )
 
 
 def train_tokenizer(documents: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
