@@ -89,16 +89,22 @@ def test_an_irreducible_loss_at_the_bound_of_the_search_is_named():
     fit = fit_surface(ladder(seeds=[0], truth={**TRUTH, "E": 0.0}))
     assert fit.at_bound == ["E"] and fit.estimates["E"] == pytest.approx(1e-3)
     assert fit.estimates["alpha"] == pytest.approx(TRUTH["alpha"], abs=0.01)
-    assert "at a bound of the search: E" in describe({"unified": fit})
+    text = describe({"unified": fit})
+    assert "E = 0.001; A = " in text and "at a bound of the search, without an interval: E" in text
 
 
 def test_a_term_the_fit_drops_is_named():
     """A loss of tokens alone, B·D^-β (as the miniature's ladder gave, its tokens a fixed multiple of N at every
-    budget): the fit drives A·N^-α to nothing and says that α is not measured, where the full law's drops nothing."""
+    budget): the fit drives A·N^-α to nothing and says that A and α are not measured, printing neither (any values
+    that keep the term below 1e-4 nats fit alike), where the full law's drops nothing."""
     assert fit_surface(ladder(seeds=[0])).vanished == []
     fit = fit_surface(ladder(seeds=[0], truth={**TRUTH, "A": 0.0, "E": 0.0}))
     assert fit.vanished == ["N"] and fit.estimates["beta"] == pytest.approx(TRUTH["beta"], abs=0.01)
-    assert "the N term is below 0.0001 nats at every point: its α is not measured" in describe({"unified": fit})
+    text = describe({"unified": fit})
+    assert "the N term is below 0.0001 nats at every point: its A and α are not measured" in text
+    assert (
+        "**unified**: E = 0.001; B = " in text and "A =" not in text and "α =" not in text
+    )  # only what is determined
 
 
 @pytest.mark.parametrize(

@@ -247,23 +247,45 @@ def describe(fits: dict[str, SurfaceFit]) -> str:
         if fit.status == NOT_TESTED:
             lines.append(f"- **{variant}**: not tested ({fit.reason})")
             continue
-        parts = [f"{_SYMBOLS[name]} = {_interval_text(fit, name)}" for name in PARAMETERS]
         notes = [f"{fit.points} points, {fit.sizes} sizes, {fit.seeds} seeds"]
         notes.append(f"rms residual of log L {fit.rms_log_residual:.2g}")
         if fit.resamples:
             notes.append(f"{fit.resamples} resamples")
-        if fit.at_bound:
-            notes.append(f"at a bound of the search: {', '.join(_SYMBOLS[name] for name in fit.at_bound)}")
-        for term in fit.vanished:
-            exponent = "α" if term == "N" else "β"
-            notes.append(f"the {term} term is below {VANISHED:g} nats at every point: its {exponent} is not measured")
         if fit.reason:
             notes.append(fit.reason)
-        lines.append(f"- **{variant}**: {'; '.join(parts)} ({'; '.join(notes)})")
+        if fit.at_bound:
+            bound = ", ".join(_SYMBOLS[name] for name in fit.at_bound)
+            notes.append(f"at a bound of the search, without an interval: {bound}")
+        for term in fit.vanished:
+            coefficient, exponent = (_SYMBOLS[name] for name in _TERMS[term])
+            notes.append(
+                f"the {term} term is below {VANISHED:g} nats at every point: its {coefficient} and {exponent} are not "
+                "measured"
+            )
+        lines.append(f"- **{variant}**: {'; '.join(_determined(fit))} ({'; '.join(notes)})")
     return "\n".join(lines)
 
 
+def _determined(fit: SurfaceFit) -> list[str]:
+    """The fit's parameters that the data determine, each with its interval: not those of a term the fit dropped
+    (any value that keeps it below `VANISHED` fits alike), nor an interval for a parameter on a bound; a term whose
+    exponent ended at 0 is a constant, given as its sum with E."""
+    hidden = {name for term in fit.vanished for name in _TERMS[term]}
+    parts = []
+    for term, (coefficient, exponent) in _TERMS.items():
+        if term not in fit.vanished and exponent in fit.at_bound and fit.estimates[exponent] < 0.5:
+            hidden |= {coefficient, exponent, "E"}
+            total = fit.estimates["E"] + fit.estimates[coefficient]
+            parts.append(f"E + {_SYMBOLS[coefficient]} = {total:.4g} ({_SYMBOLS[exponent]} = 0: a constant term)")
+    for name in PARAMETERS:
+        if name not in hidden:
+            shown = f"{fit.estimates[name]:.4g}" if name in fit.at_bound else _interval_text(fit, name)
+            parts.append(f"{_SYMBOLS[name]} = {shown}")
+    return parts
+
+
 _SYMBOLS = {"E": "E", "A": "A", "alpha": "α", "B": "B", "beta": "β"}
+_TERMS = {"N": ("A", "alpha"), "D": ("B", "beta")}  # each term's coefficient and exponent
 _FITTED = ("A", "alpha", "B", "beta", "E")  # what each of `theta`'s coordinates (a, α, b, β, e) gives
 
 
