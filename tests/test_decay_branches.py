@@ -11,11 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from scalevec.run_records import RunClock
 from scalevec.train import ablate
 from scalevec.train.branches import Budget, plan_budgets, resolve_decay_fraction
 from scalevec.train.cli import main
 from scalevec.train.study.budgets import budget_rows, read_budgets
-from scalevec.train.trainer import ScaleVecTrainer, ScaleVecTrainingArguments
+from scalevec.train.trainer import NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
 
 from ._helpers import log_history, logged_losses, train_argv
 
@@ -194,10 +195,49 @@ def test_ablate_branches_every_grid_point_and_resumes_unfinished_branches(runs, 
     assert ablate.main(flags) == 0
     point = root / "tiny" / "standard-lr0.001-seed42"
     assert eval_loss(point / "budget-0.5") == pytest.approx(eval_loss(runs["separate"]), abs=1e-6)
-    (point / "budget-0.5" / "trainer_state.json").unlink()  # killed before the branch's result was complete
+    (point / "budget-0.5" / "trainer_state.json").unlink()  # killed before the branch's result was complete ...
+    results = json.loads((root / "results.json").read_text())
+    results["runs"] = [r for r in results["runs"] if r["budget"] is None]  # ... so before the report recorded it
+    (root / "results.json").write_text(json.dumps(results))
     steps_taken.clear()
     assert ablate.main([*flags, "--resume", "true"]) == 0
     assert steps_taken == {"budget-0.5": 2}
+
+
+def test_a_cooldown_that_diverges_is_its_budgets_result_and_its_run_stays_finished(tmp_path, monkeypatch, capsys):
+    """The 0.25 budget's cooldown diverges: its branch records it, the run and the 0.5 budget after it finish, and a
+    --resume call trains nothing again; a finished branch's record holds its cooldown's time, not the stable
+    phase's it resumed."""
+    original = ScaleVecTrainer.training_step
+
+    def diverging(self, *args, **kwargs):
+        if Path(self.args.output_dir).name == "budget-0.25":
+            raise NonFiniteLossError("the training loss became nan at step 5", 5, 1e-4)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ScaleVecTrainer, "training_step", diverging)
+    root = tmp_path / "ablation"
+    flags = ["--variants", "standard", "--decay-at", "0.25,0.5,1"]
+    flags += train_argv(root, *wsd(), "--scale-stats", "false", steps=STEPS)
+    assert ablate.main(flags) == 0
+    assert "tiny standard lr 0.001 seed 42 budget 0.25: the training loss became nan" in capsys.readouterr().out
+    point = root / "tiny" / "standard-lr0.001-seed42"
+    assert not (point / "diverged.json").exists()
+    assert json.loads((point / "budget-0.25" / "diverged.json").read_text())["step"] == 5
+    records = {r["budget"]: r for r in json.loads((root / "results.json").read_text())["runs"]}
+    assert {budget: r["status"] for budget, r in records.items()} == {
+        None: "finished",
+        0.25: "diverged",
+        0.5: "finished",
+    }
+    branch = point / "budget-0.5"
+    whole = RunClock.recorded(json.loads((branch / "trainer_state.json").read_text()))
+    assert whole.segment_starts == [0, 8]
+    inherited = RunClock.recorded(json.loads((branch / "checkpoint-8" / "trainer_state.json").read_text()))
+    assert records[0.5]["train_seconds"] == pytest.approx(whole.wall_seconds - inherited.wall_seconds)
+    assert 0 < records[0.5]["train_seconds"] < whole.wall_seconds
+    assert ablate.main([*flags, "--resume", "true"]) == 0
+    assert "finished or diverged already: 1; to train now: 0" in capsys.readouterr().out
 
 
 REFUSED = {

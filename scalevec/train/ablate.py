@@ -7,13 +7,15 @@ scalevec-ablate --sizes 2x64,4x128,4x256 --tokens-per-parameter 20 --learning-ra
     --variants none,standard,unified --seeds 0,1 --resume --output-dir runs/ladder
 scalevec-ablate ... --shard 0/4 --resume        # one of 4 processes or machines sharing the output folder
 scalevec-ablate ... --report-only true          # the report from the runs that finished, training nothing
+scalevec-ablate --report-only true --merge-records shard1,shard2 --output-dir shard0   # shards' own folders, one study
 
 Every `scalevec-train` option applies to all runs, except what each grid point sets: the scale strategy and the
 scales' weight decay (the variant), the model's dimensions (--sizes), --learning-rate (--learning-rates), --seed
 (--seeds) and --max-steps (--tokens-per-parameter). Within a seed every variant of a size starts from the same
 initial matrices and reads the same batches in the same order, so variants are compared seed by seed (paired
 differences). Each run has its own folder, SIZE/VARIANT-lrLR-seedSEED; with `--resume`, finished and diverged runs
-are reused, so sizes, variants, learning rates or seeds can be added later and shards can be restarted.
+are reused, whether their folders or only the study's `results.json` record them, so sizes, variants, learning rates
+or seeds can be added later and shards can be restarted, on any machine that has the records.
 
 A run whose loss or weights become non-finite is recorded as diverged (`diverged.json` in its folder: the step and
 its learning rate) and the shard goes on: a diverged rate is a result, which loses the learning-rate selection. Each
@@ -23,8 +25,8 @@ start without it. The report (`results.md`, `results.json`, `claims.md`, `loss_c
 with the runs finished, diverged and missing, names what each unfinished comparison lacks (*incomplete*), and gives
 each claim a 95 % interval over seeds and a verdict (`study.intervals`). It is written from the records of the
 grid's runs, whichever process trained them, and again after every run, so a killed study still reports what
-finished; `results.json` holds every run's record, and `--report-only true` over a folder that holds only it writes
-the same text reports.
+finished; `results.json` holds every run's record (never fewer than it held) and the grid, and `--report-only true`
+over a folder that holds only it writes the same text reports, from the grid it records unless grid flags are given.
 
 With `--decay-at` (WSD), each budget a run branches is a record too, and the report gives loss against tokens at
 each variant's chosen rate and, in the final report, a fit of L(N, D). `--metric` judges the claims on another logged
@@ -35,7 +37,7 @@ standard (`--quantization-margin`); `--min-effect` is the floor below which no p
 
 import json
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 
 from ..atomic import exit_status, write_text_atomically
@@ -43,14 +45,15 @@ from ..configuration_scalevec import SCALE_FIELDS
 from ..data import DataArguments
 from ..data.held_out import set_names
 from ..quantization import parse_schemes
-from ..run_records import TASK_FIGURES, TASKS_MEAN, TRAINING_DATA, read_json
+from ..run_records import TASK_FIGURES, TASKS_MEAN, TRAINING_DATA, finished_step, read_json
 from ..shards import parse_shard
-from .branches import plan_budgets, unfinished_budgets
+from .branches import decay_fractions, plan_budgets, unfinished_budgets
 from .cli import ModelArguments, check_output_dir, config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
 from .report import tokens_per_step
 from .study.claims import MIN_EFFECT, QUANTIZATION_MARGIN, Thresholds
 from .study.grid import Grid, GridPoint, build_sizes
+from .study.intervals import MIN_SEEDS
 from .study.metric import LOSS, check_logged, metric_name
 from .study.records import (
     DIVERGED,
@@ -62,6 +65,7 @@ from .study.records import (
     grid_records,
     load_records,
     record_diverged,
+    recorded_grid,
     run_status,
 )
 from .study.report import write_report
@@ -70,13 +74,19 @@ from .tasks import parse_task_list
 from .trainer import NonFiniteLossError, ScaleVecTrainingArguments
 
 _STRATEGY_FIELDS = ("scale_preset", *SCALE_FIELDS)
+_GRID_FLAGS = ("sizes", "variants", "learning_rates", "seeds", "tokens_per_parameter")
+DEFAULT_VARIANTS = "strategies"
+RESULTS = "results.json"
 
 
 @dataclass
 class AblationArguments:
-    variants: str = field(
-        default="strategies",
-        metadata={"help": f"Comma-separated variants {list(VARIANTS)} or groups {list(VARIANT_GROUPS)}."},
+    variants: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Comma-separated variants {list(VARIANTS)} or groups {list(VARIANT_GROUPS)} (default: "
+            f"{DEFAULT_VARIANTS})."
+        },
     )
     seeds: str | None = field(default=None, metadata={"help": "Comma-separated seeds (default: --seed)."})
     sizes: str | None = field(
@@ -140,13 +150,22 @@ class AblationArguments:
         default=False,
         metadata={
             "help": "Train nothing: write the report from the grid's run folders, and from the records of the "
-            "folder's results.json for runs whose folders are gone."
+            "folder's results.json for runs whose folders are gone. Without --sizes, --variants, --learning-rates, "
+            "--seeds or --tokens-per-parameter, the grid is the one results.json records."
+        },
+    )
+    merge_records: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated results.json files (or the study folders holding them) of other shards of this "
+            "study: their finished and diverged runs join the records of --output-dir (its own runs first), so "
+            "--report-only reports them and --resume does not train them again."
         },
     )
 
     def variant_names(self) -> list[str]:
         names = []
-        for name in _items(self.variants):
+        for name in _items(DEFAULT_VARIANTS if self.variants is None else self.variants):
             if name in VARIANT_GROUPS:
                 names.extend(VARIANT_GROUPS[name])
             elif name in VARIANTS:
@@ -186,6 +205,21 @@ class AblationArguments:
     def shard_index(self) -> tuple[int, int]:
         return (0, 1) if self.shard is None else parse_shard(self.shard)
 
+    def grid_flags(self) -> list[str]:
+        """The flags given that set the grid."""
+        return [f"--{name.replace('_', '-')}" for name in _GRID_FLAGS if getattr(self, name) is not None]
+
+    def merged_results(self) -> dict[Path, dict]:
+        """Each --merge-records file (a study folder's results.json) as loaded, by its path."""
+        results = {}
+        for item in _items(self.merge_records or ""):
+            path = Path(item) / RESULTS if Path(item).is_dir() else Path(item)
+            loaded = read_json(path)
+            if loaded is None or "runs" not in loaded:
+                raise ValueError(f"--merge-records {item}: {path} is no study's results.json (missing or unreadable)")
+            results[path] = loaded
+        return results
+
 
 def _items(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
@@ -210,7 +244,41 @@ def build_grid(
     names = ablation.size_names(model_args.model_size)
     sizes = build_sizes(names, model_args.model_size, overrides, per_step, per_parameter, training_args.max_steps)
     rates = ablation.learning_rate_list(training_args.learning_rate)
-    return Grid(sizes, ablation.variant_names(), rates, ablation.seed_list(training_args.seed))
+    budgets = [fraction for fraction in decay_fractions(training_args.decay_at) if fraction < 1]
+    return Grid(sizes, ablation.variant_names(), rates, ablation.seed_list(training_args.seed), budgets)
+
+
+def study_grid(
+    ablation: AblationArguments,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: ScaleVecTrainingArguments,
+    recorded: dict[Path, dict],
+) -> Grid:
+    """The grid of this call: with `--report-only` and no grid flag, the one the records (`recorded`: results.json
+    files by path, this folder's first) hold; else the flags', which must define each size as the records do, and
+    with `--report-only` hold some recorded run."""
+    grids = {path: recorded_grid(results) for path, results in recorded.items() if "grid" in results}
+    if ablation.report_only and not ablation.grid_flags() and grids:
+        return next(iter(grids.values()))
+    grid = build_grid(ablation, model_args, data_args, training_args)
+    for path, theirs in grids.items():
+        if (why := grid.contradiction(theirs)) is not None:
+            raise ValueError(
+                f"the grid's flags contradict {path}: {why}; give the study's own flags (with --report-only, none), "
+                "or another --output-dir"
+            )
+    if ablation.report_only and grids:
+        points = set(grid.points())
+        if not any(
+            r.point in points for path, results in recorded.items() for r in load_records(results, path).values()
+        ):
+            path = next(iter(grids))
+            raise ValueError(
+                f"--report-only: none of the {len(points)} runs that {', '.join(ablation.grid_flags())} give is "
+                f"recorded in {path} (its grid: {grids[path].describe()}); give no grid flags to report that grid"
+            )
+    return grid
 
 
 def run_ablation(
@@ -224,34 +292,50 @@ def run_ablation(
     chosen = [name for name in _STRATEGY_FIELDS if getattr(model_args, name) is not None]
     if chosen:
         raise ValueError(f"--{chosen[0].replace('_', '-')}: scalevec-ablate sets the scale strategy per variant")
-    grid = build_grid(ablation, model_args, data_args, training_args)
-    for size in grid.sizes:  # --decay-at's budgets of every size, checked before anything trains
-        plan_budgets(training_args, size.max_steps)
-    steps = [size.max_steps for size in grid.sizes if size.max_steps > 0]
-    if training_args.logging_steps >= 1 and steps and min(steps) < training_args.logging_steps:
-        raise ValueError("--logging-steps exceeds --max-steps: no training loss would be logged to compare")
     root = Path(training_args.output_dir)
     if ablation.report_only and not root.is_dir():
         raise ValueError(f"--output-dir {root}: no such folder, so nothing to report")
+    own = read_json(root / RESULTS)
+    merged_results = ablation.merged_results()
+    grid = study_grid(
+        ablation, model_args, data_args, training_args, {**({root / RESULTS: own} if own else {}), **merged_results}
+    )
+    if not ablation.report_only:
+        for size in grid.sizes:  # --decay-at's budgets of every size, checked before anything trains
+            plan_budgets(training_args, size.max_steps)
+        steps = [size.max_steps for size in grid.sizes if size.max_steps > 0]
+        if training_args.logging_steps >= 1 and steps and min(steps) < training_args.logging_steps:
+            raise ValueError("--logging-steps exceeds --max-steps: no training loss would be logged to compare")
+    merged = {}
+    for path, results in merged_results.items():
+        merged = joined(merged, load_records(results, path))
     metric = metric_name(ablation.metric)
     thresholds = Thresholds(ablation.min_effect, ablation.quantization_margin)
     schemes = parse_schemes(ablation.quantize) if ablation.quantize else []
     if not ablation.report_only:
         check_held_out(data_args)
         check_metric_configured(metric, data_args)
-    if root.is_dir():  # runs already recorded must have logged it
-        check_logged(metric, study_records(grid, root))
+    records = study_records(grid, root, merged)
+    if ablation.report_only and all(r.status == MISSING for r in records):
+        raise ValueError(
+            f"--output-dir {root}: no run of the grid ({grid.describe()}) finished or diverged here, in a run folder "
+            f"or in {RESULTS}: nothing to report"
+        )
+    check_logged(metric, records)  # runs already recorded must have logged it
     index, count = ablation.shard_index()
     share = grid.shard(index, count)
-    done = [  # finished (with every budget --decay-at branches from it) or diverged
-        point
-        for point in share
-        if (status := run_status(grid, point, root)) == DIVERGED
-        or (status == FINISHED and not _unfinished_branches(grid, point, root, training_args))
-    ]
+    recorded = {r.key: r for r in records}
+    done = [p for p in share if _done(grid, p, root, recorded, training_args)]
     todo = [] if ablation.report_only else [p for p in share if not (model_args.resume and p in done)]
     for point in todo:  # before anything trains: a folder of the grid that holds files needs --resume
         check_output_dir(point.folder(root), model_args.resume)
+    again = [p for p in todo if recorded[(*astuple(p), None)].status != MISSING and not model_args.resume]
+    if again:  # a run the records hold is trained over only with the user's word
+        raise ValueError(
+            f"--output-dir {root}: {len(again)} runs of this share are recorded as finished or diverged (e.g. "
+            f"{again[0].size} {again[0].variant} lr {again[0].learning_rate:g} seed {again[0].seed}); pass --resume "
+            "to keep them, or choose another folder (nothing is overwritten)"
+        )
     main_process = training_args.process_index == 0
     if main_process:
         print(plan(grid, (index, count), len(done), len(todo), ablation.report_only), flush=True)
@@ -259,17 +343,21 @@ def run_ablation(
         _train(point, grid, model_args, data_args, training_args)
         if main_process:
             _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
-            records = study_records(grid, root)
+            records = study_records(grid, root, merged)
             done_now = next(r for r in records if r.point == point and r.budget is None)
             print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
             # a killed study still reports; figures and the budgets' bootstrap fits only at the end
-            write_report(records, grid, root, figures=False, budget_fits=False, metric=metric, thresholds=thresholds)
+            kept = kept_records(records, root, merged)
+            write_report(
+                records, grid, root, figures=False, budget_fits=False, metric=metric, kept=kept, thresholds=thresholds
+            )
     if not main_process:
         return []
     for point in [] if ablation.report_only else share:  # finished runs --resume kept, trained without --quantize
         _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
-    records = study_records(grid, root)
-    print(*write_report(records, grid, root, metric=metric, thresholds=thresholds), sep="\n")
+    records = study_records(grid, root, merged)
+    kept = kept_records(records, root, merged)
+    print(*write_report(records, grid, root, metric=metric, kept=kept, thresholds=thresholds), sep="\n")
     runs = [r for r in records if r.budget is None]
     counts = {status: sum(r.status == status for r in runs) for status in (FINISHED, DIVERGED, MISSING)}
     print(
@@ -338,12 +426,30 @@ def check_metric_configured(metric: str, data_args: DataArguments) -> None:
         raise ValueError(f"--metric {metric}: these runs will not log it; they log {', '.join(logged)}")
 
 
-def study_records(grid: Grid, root: Path) -> list[RunRecord]:
-    """Every point's record (from its run folder, else from the folder's `results.json`, else missing), then those
-    of the budgets `--decay-at` branched from the runs (likewise)."""
-    results = read_json(root / "results.json")
-    recorded = load_records(results) if results else None
+def recorded_runs(root: Path, merged: dict[tuple, RunRecord] | None = None) -> dict[tuple, RunRecord]:
+    """The records of the folder's `results.json`, then those of `merged` (other shards', `--merge-records`) for the
+    runs it has no record of, or only a missing one."""
+    results = read_json(root / RESULTS)
+    return joined(load_records(results, root / RESULTS) if results else {}, merged or {})
+
+
+def joined(first: dict[tuple, RunRecord], then: dict[tuple, RunRecord]) -> dict[tuple, RunRecord]:
+    """The records of `first`, and those of `then` for the runs `first` has no record of, or only a missing one."""
+    return {**first, **{key: r for key, r in then.items() if key not in first or first[key].status == MISSING}}
+
+
+def study_records(grid: Grid, root: Path, merged: dict[tuple, RunRecord] | None = None) -> list[RunRecord]:
+    """Every point's record (from its run folder, else from the folder's `results.json` or `merged`, else missing),
+    then those of the budgets `--decay-at` branched from the runs (likewise)."""
+    recorded = recorded_runs(root, merged)
     return [*grid_records(grid, root, recorded), *branch_records(grid, root, recorded)]
+
+
+def kept_records(records: list[RunRecord], root: Path, merged: dict[tuple, RunRecord] | None) -> list[RunRecord]:
+    """The records outside `records` (of runs or budgets the grid no longer holds) that `results.json` keeps: a
+    report never writes fewer records than the folder and `merged` held."""
+    written = {record.key for record in records}
+    return [record for key, record in recorded_runs(root, merged).items() if key not in written]
 
 
 def plan(grid: Grid, shard: tuple[int, int], done: int, todo: int, report_only: bool) -> str:
@@ -361,6 +467,12 @@ def plan(grid: Grid, shard: tuple[int, int], done: int, todo: int, report_only: 
         share += f" (shares of {', '.join(map(str, shares))})"
     what = "report only: training nothing" if report_only else f"to train now: {todo}"
     lines.append(f"[ablation] {share}; finished or diverged already: {done}; {what}")
+    if len(grid.seeds) < MIN_SEEDS:
+        lines.append(
+            f"[ablation] {len(grid.seeds)} seed{'s' * (len(grid.seeds) > 1)}: no claim can be resolved (a verdict "
+            f"pairs {MIN_SEEDS} seeds or more), so every tested claim will read unresolved; give --seeds with "
+            f"{MIN_SEEDS} or more to decide them"
+        )
     return "\n".join(lines)
 
 
@@ -384,17 +496,37 @@ def _train(
         **variant.training_overrides(training_args.weight_decay),
     )
     model = replace(model_args, model_size=size.preset, config_overrides=size.config_overrides, **variant.model)
-    try:
-        train(model, data_args, args)
-    except NonFiniteLossError as error:  # a result, not a crash: the shard goes on
-        if training_args.process_index == 0:
-            record_diverged(folder, error.step, error.learning_rate, str(error))
-            print(f"[ablation] {point.size} {point.variant} lr {point.learning_rate:g} seed {point.seed}: {error}")
+    run = f"{point.size} {point.variant} lr {point.learning_rate:g} seed {point.seed}"
+    while True:  # once, and again after each cooldown that diverged, for the budgets after it
+        try:
+            train(model, data_args, args)
+            return
+        except NonFiniteLossError as error:  # a result, not a crash: the shard goes on
+            # the run finished: a branch's cooldown diverged (`branch_runs` trains the first unfinished budget first)
+            branch = unfinished_budgets(folder, args)[0] if finished_step(folder, args.max_steps) else None
+            if training_args.process_index == 0:
+                where = folder if branch is None else branch.folder(folder)
+                record_diverged(where, error.step, error.learning_rate, str(error))
+                print(f"[ablation] {run}{'' if branch is None else f' budget {branch.fraction:g}'}: {error}")
+            if branch is None:
+                return
+            model = replace(model, resume=True)
 
 
-def _unfinished_branches(grid: Grid, point: GridPoint, root: Path, training_args: ScaleVecTrainingArguments) -> bool:
-    """Whether a budget that --decay-at branches from `point`'s run has yet to finish its cooldown."""
-    return bool(unfinished_budgets(point.folder(root), training_args, grid.size(point.size).max_steps))
+def _done(
+    grid: Grid,
+    point: GridPoint,
+    root: Path,
+    recorded: dict[tuple, RunRecord],
+    training_args: ScaleVecTrainingArguments,
+) -> bool:
+    """Whether `point` diverged, or finished with every budget --decay-at branches from it, in its run folder or in
+    the records (`recorded`, by key: the study's records of runs and budgets)."""
+    status = recorded[(*astuple(point), None)].status
+    if status != FINISHED:
+        return status == DIVERGED
+    budgets = unfinished_budgets(point.folder(root), training_args, grid.size(point.size).max_steps)
+    return all((*astuple(point), budget.fraction) in recorded for budget in budgets)  # branch records: never missing
 
 
 ABLATE_ARGUMENTS = (AblationArguments, ModelArguments, DataArguments, ScaleVecTrainingArguments)

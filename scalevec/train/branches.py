@@ -23,6 +23,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SchedulerType
 from ..atomic import commit_folder, writes_into
 from ..run_records import finished_step
 from .resume import inspect_checkpoint
+from .study.records import DIVERGED_FILE
 from .trainer import STAGING_SUFFIX
 
 FLAG = "--decay-at"
@@ -122,8 +123,15 @@ def _decay_steps(value, steps: int):
 
 
 def unfinished_budgets(output_dir: str | Path, args: TrainingArguments, max_steps: int | None = None) -> list[Budget]:
-    """The budgets of a run of `args` in `output_dir` whose branch has not finished (all of them before it ran)."""
-    return [b for b in plan_budgets(args, max_steps) if finished_step(b.folder(output_dir), b.max_steps) is None]
+    """The budgets of a run of `args` in `output_dir` whose branch has neither finished nor diverged (all of them
+    before it ran). A cooldown that diverged is that budget's result, as `DIVERGED_FILE` in its folder records it
+    (`scalevec-ablate`): its main run stays finished."""
+    return [
+        b
+        for b in plan_budgets(args, max_steps)
+        if finished_step(b.folder(output_dir), b.max_steps) is None
+        and not (b.folder(output_dir) / DIVERGED_FILE).is_file()
+    ]
 
 
 def branch_arguments(args: TrainingArguments, budget: Budget) -> TrainingArguments:

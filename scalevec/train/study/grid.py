@@ -3,7 +3,7 @@ each point, and the split of the grid into shards."""
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...configuration_scalevec import ScaleVecConfig
@@ -101,6 +101,7 @@ class Grid:
     variants: list[str]
     learning_rates: list[float]
     seeds: list[int]
+    budgets: list[float] = field(default_factory=list)  # the fractions below 1 `--decay-at` branches from each run
 
     def points(self) -> list[GridPoint]:
         """Smallest size first as given, then seed, learning rate and variant: the order runs train in."""
@@ -129,3 +130,24 @@ class Grid:
         ]
         factors = " x ".join(f"{count} {noun}{'s' * (count > 1)}" for count, noun in counts)
         return f"{factors} = {len(self.points())} runs"
+
+    def contradiction(self, other: "Grid") -> str | None:
+        """How `other` (a study's recorded grid) defines a size of this grid otherwise, or None: the records of a
+        size name hold runs of one shape and length only."""
+        theirs = {size.name: size for size in other.sizes}
+        for ours in self.sizes:
+            recorded = theirs.get(ours.name)
+            if recorded is None:
+                continue
+            if recorded.fields != ours.fields:
+                differ = sorted(
+                    k for k in {*ours.fields, *recorded.fields} if ours.fields.get(k) != recorded.fields.get(k)
+                )
+                key = differ[0]
+                return f"size {ours.name}: {key} {recorded.fields.get(key)} there, {ours.fields.get(key)} here"
+            if (recorded.max_steps, recorded.tokens_per_step) != (ours.max_steps, ours.tokens_per_step):
+                return (
+                    f"size {ours.name}: runs of {recorded.max_steps:,} steps x {recorded.tokens_per_step:,} tokens "
+                    f"there, {ours.max_steps:,} x {ours.tokens_per_step:,} here"
+                )
+        return None

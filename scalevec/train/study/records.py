@@ -19,6 +19,8 @@ from ...convert.meta_model import meta_state, num_parameters, scale_parameters
 from ...run_records import (
     TASK_FIGURES,
     TASKS_MEAN,
+    TRAINER_STATE,
+    RunClock,
     duration_text,
     finished_step,
     logged_curve,
@@ -53,7 +55,7 @@ class RunRecord:
     eval_loss: float | None = None  # every evaluated held-out block; None where not finite
     eval_select_loss: float | None = None  # the selection half (learning rates are chosen on it)
     eval_report_loss: float | None = None  # the report half (differences are measured on it)
-    train_seconds: float | None = None  # the whole run's wall time, over any resumes
+    train_seconds: float | None = None  # the whole run's wall time, over any resumes; a branch's: its cooldown's
     diverged_learning_rate: float | None = None  # the scheduled learning rate at the diverging step
     metrics: dict[str, float] = field(default_factory=dict)  # the final evaluation's other figures (`figures`)
     # `--quantize`: the report-half loss of the final model, unquantized ("none") and with each scheme's weights
@@ -120,12 +122,15 @@ def read_record(grid: Grid, point: GridPoint, root: Path, status: str) -> RunRec
     if (folder / "config.json").is_file():
         counts = _counts(ScaleVecConfig.from_pretrained(folder).to_json_string())
         record.total_parameters, record.active_parameters, record.scale_parameters = counts
-    if status == DIVERGED:
-        diverged = read_json(folder / DIVERGED_FILE) or {}
-        record.step = int(diverged.get("step") or 0)
-        record.diverged_learning_rate = diverged.get("learning_rate")
-        return record
-    return measured(record, folder)
+    return diverged(record, folder) if status == DIVERGED else measured(record, folder)
+
+
+def diverged(record: RunRecord, folder: Path) -> RunRecord:
+    """`record` with the step and learning rate at which the run in `folder` diverged (its `DIVERGED_FILE`)."""
+    entry = read_json(folder / DIVERGED_FILE) or {}
+    record.step = int(entry.get("step") or 0)
+    record.diverged_learning_rate = entry.get("learning_rate")
+    return record
 
 
 def measured(record: RunRecord, folder: Path) -> RunRecord:
@@ -143,7 +148,7 @@ def measured(record: RunRecord, folder: Path) -> RunRecord:
     record.eval_report_loss = evaluation.get("eval_report_loss")
     record.train_seconds = float(summary.get("wall_seconds") or metrics.get("train_runtime", 0.0))
     record.metrics = figures(evaluation)
-    record.quantized_report_loss = read_json(folder / QUANTIZED_FILE) or {}
+    record.quantized_report_loss = _finite_only(read_json(folder / QUANTIZED_FILE))
     return record
 
 
@@ -161,6 +166,7 @@ def branch_records(grid: Grid, root: Path, recorded: dict[tuple, RunRecord] | No
     """A record for every finished budget that `--decay-at` branched from the grid's finished runs (`budget` its
     fraction; the run itself is the budget 1 and its record `grid_records`'), from the branch's folder, else from
     `recorded` (an earlier `results.json`'s records); in the grid's order, then the fewest tokens first."""
+    from ..branches import BRANCH_PREFIX
     from .budgets import read_budgets  # reads run folders with the training code's helpers
 
     points = grid.points()
@@ -169,12 +175,34 @@ def branch_records(grid: Grid, root: Path, recorded: dict[tuple, RunRecord] | No
     for point in points:
         if run_status(grid, point, root) != FINISHED:
             continue
+        n = grid.size(point.size).non_embedding_parameters
         for budget in read_budgets(point.folder(root)):
             if budget.fraction < 1:
-                record = RunRecord(*astuple(point), FINISHED, budget=budget.fraction)
-                record.non_embedding_parameters = grid.size(point.size).non_embedding_parameters
+                record = RunRecord(*astuple(point), FINISHED, budget=budget.fraction, non_embedding_parameters=n)
                 found[record.key] = measured(record, Path(budget.output_dir))
+                found[record.key].train_seconds = cooldown_seconds(Path(budget.output_dir))
+        for marker in point.folder(root).glob(f"{BRANCH_PREFIX}*/{DIVERGED_FILE}"):  # a cooldown that diverged
+            try:
+                fraction = float(marker.parent.name.removeprefix(BRANCH_PREFIX))
+            except ValueError:  # not a branch of --decay-at: someone's own folder
+                continue
+            record = RunRecord(*astuple(point), DIVERGED, budget=fraction, non_embedding_parameters=n)
+            found[record.key] = diverged(record, marker.parent)
     return sorted(found.values(), key=lambda r: (order[r.point], r.budget))
+
+
+def cooldown_seconds(branch: Path) -> float | None:
+    """The wall time a `--decay-at` branch in `branch` trained itself: its whole clock less the one of the main
+    run's checkpoint it resumed from (the stable phase, counted in the main run's record); where that checkpoint is
+    gone, the Trainer's time of the branch's last segment."""
+    clock = RunClock.recorded(read_json(branch / TRAINER_STATE) or {})
+    if clock is not None and len(clock.segment_starts) > 1:
+        start = f"checkpoint-{clock.segment_starts[1]}/{TRAINER_STATE}"
+        for checkpoint in (branch / start, branch.parent / start):
+            if (inherited := RunClock.recorded(read_json(checkpoint) or {})) is not None:
+                return max(clock.wall_seconds - inherited.wall_seconds, 0.0)
+    runtime = (read_json(branch / "all_results.json") or {}).get("train_runtime")
+    return float(runtime) if isinstance(runtime, int | float) else None
 
 
 @functools.lru_cache(maxsize=256)  # a report reads every run: one count per size and variant, not per run
@@ -201,27 +229,56 @@ def record_diverged(folder: Path, step: int | None, learning_rate: float | None,
     write_text_atomically(folder / DIVERGED_FILE, json.dumps(entry, indent=2) + "\n")
 
 
-def load_records(results: dict) -> dict[tuple, RunRecord]:
-    """The records of a `results.json` (as loaded), by `RunRecord.key`. A `results.json` written before runs had a
-    status holds none (its study's run folders are read instead); an entry of another kind is refused."""
+def load_records(results: dict, source: Path | str = "results.json") -> dict[tuple, RunRecord]:
+    """The records of a `results.json` (as loaded from `source`), by `RunRecord.key`. A `results.json` written before
+    runs had a status holds none (its study's run folders are read instead); an entry of another kind is refused. A
+    non-finite figure (another tool's -inf or NaN) is read as not measured: it never wins a learning rate's selection
+    nor enters a mean."""
     names = {f.name for f in fields(RunRecord)}
     records = {}
     for entry in results.get("runs", []):
         if isinstance(entry, dict) and "status" not in entry:
             continue
-        if not isinstance(entry, dict) or not names >= set(entry):
-            raise ValueError(f"results.json: a run entry this version cannot read: {entry!r}")
-        record = RunRecord(**entry)
+        if (
+            not isinstance(entry, dict)
+            or not names >= set(entry)
+            or entry["status"] not in (FINISHED, DIVERGED, MISSING)
+        ):
+            raise ValueError(f"{source}: a run entry this version cannot read: {entry!r}")
+        entry = {key: _finite(value) for key, value in entry.items()}
+        figures = {key: _finite_only(entry.get(key)) for key in ("metrics", "quantized_report_loss")}
+        record = RunRecord(**{**entry, **figures})
         records[record.key] = record
     return records
+
+
+def _finite(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _finite_only(figures: dict | None) -> dict:
+    """`figures` (name -> value) without its non-finite values."""
+    return {name: value for name, value in (figures or {}).items() if _finite(value) is not None}
+
+
+def recorded_grid(results: dict) -> Grid:
+    """The grid a study's `results.json` (as loaded) was reported on; the `--decay-at` budgets, where a file written
+    before it stored them lacks them, from its branches' records."""
+    grid = results["grid"]
+    budgets = grid.get("budgets")
+    if budgets is None:
+        budgets = sorted({entry["budget"] for entry in results.get("runs", []) if entry.get("budget") is not None})
+    try:
+        sizes = [Size(**size) for size in grid["sizes"]]
+        return Grid(sizes, grid["variants"], grid["learning_rates"], grid["seeds"], budgets)
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"results.json: a grid this version cannot read ({type(error).__name__}: {error})") from None
 
 
 def read_results(path: Path) -> tuple[Grid, list[RunRecord]]:
     """The grid and every run's record of a study's `results.json`: what its text reports are written from."""
     results = json.loads(Path(path).read_text())
-    grid = results["grid"]
-    sizes = [Size(**size) for size in grid["sizes"]]
-    return Grid(sizes, grid["variants"], grid["learning_rates"], grid["seeds"]), list(load_records(results).values())
+    return recorded_grid(results), list(load_records(results, path).values())
 
 
 def records_json(records: list[RunRecord]) -> list[dict]:

@@ -43,13 +43,15 @@ def write_report(
     figures: bool = True,
     budget_fits: bool = True,
     metric: str = LOSS,
+    kept: list[RunRecord] = (),
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> tuple[str, str]:
     """Write the study's files into `root` from `records` (every point of `grid`'s, then the budgets branched from
     them); returns the text of `results.md` and of `claims.md`. Without `figures` no picture is drawn, and without
     `budget_fits` no L(N, D) fit (its bootstrap takes seconds per variant): the rewrite after every run skips both.
-    The claims are judged on `metric` (`study.metric`), the learning rates chosen on the held-out loss; `thresholds`:
-    the verdicts' floor and non-inferiority margin (`--min-effect`, `--quantization-margin`)."""
+    The claims are judged on `metric` (`study.metric`), the learning rates chosen on the held-out loss. `kept`:
+    records outside `grid` (of an earlier, wider grid) that `results.json` keeps without reporting them;
+    `thresholds`: the verdicts' floor and non-inferiority margin (`--min-effect`, `--quantization-margin`)."""
     branches = [r for r in records if r.budget is not None]
     records = [r for r in records if r.budget is None]
     summaries = summarise(records, grid, metric)
@@ -70,6 +72,7 @@ def write_report(
             "variants": grid.variants,
             "learning_rates": grid.learning_rates,
             "seeds": grid.seeds,
+            "budgets": grid.budgets,
             "runs": len(grid.points()),
         },
         "metric": metric,
@@ -78,7 +81,7 @@ def write_report(
         "scaling": [{k: v for k, v in asdict(fit).items() if k != "replicate_alphas"} for fit in fits],
         "claims": [asdict(claim) for claim in claims],
         "budget_fits": None if surfaces is None else {v: asdict(fit) for v, fit in surfaces.items()},
-        "runs": records_json([*records, *branches]),
+        "runs": records_json([*records, *branches, *kept]),
     }
     write_text_atomically(root / "results.json", json.dumps(_finite(results), indent=2) + "\n")
     write_text_atomically(root / "results.md", table)
