@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalevec.train.study.intervals import Interval, paired_interval
+from scalevec.train.study.intervals import Interval, detectable_effect, holm, paired_interval
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -99,6 +99,28 @@ def quantization_differences(results: dict, scheme: str) -> dict[str, Interval]:
     return differences
 
 
+def claim_key(name: str) -> str:
+    """A claim's name, or for a quantization row its scheme: the rows' wording changed with the verdict rules
+    ("as well as standard", "within 0.01 nats of standard"), records written before keep the old one."""
+    return (
+        scheme.group(1) if name.startswith(QUANTIZED) and (scheme := re.search(r"\((int\d) weights\)", name)) else name
+    )
+
+
+def holm_in_families(claims: list[dict]) -> dict[tuple[str, str], tuple[float, str]]:
+    """(claim key, size) -> Holm's adjusted p-value and verdict within the row's family (the quantization rows, the
+    non-inferiority family; every other tested row, the superiority family), from the records' p-values."""
+    corrected = {}
+    for quantization in (True, False):
+        family = [
+            c for c in claims if c["verdict"] != "not tested" and c["claim"].startswith(QUANTIZED) == quantization
+        ]
+        for claim, adjusted in zip(family, holm([c["interval"]["p_value"] for c in family]), strict=True):
+            holds = claim["verdict"] != "unresolved" and adjusted < 0.05  # Holm never turns an unresolved row
+            corrected[claim_key(claim["claim"]), claim["size"]] = adjusted, claim["verdict"] if holds else "unresolved"
+    return corrected
+
+
 def signed_range(values: list[float], decimals: int) -> str:
     return f"{min(values):+.{decimals}f} to {max(values):+.{decimals}f}"
 
@@ -113,26 +135,29 @@ def quoted_interval(interval: Interval, decimals: int) -> str:
 
 
 def test_every_row_of_the_verdict_table_is_its_claim_in_the_records():
-    """RESULTS.md's verdict table of the miniature: per tested claim and size one row, whose mean Δ, interval,
-    verdict and Holm verdict (and p, where given) are the records'; the quantization rows show unified's increase
-    minus standard's, the margin added back to the claim's Δ."""
-    claims = [claim for claim in records(WSD)["claims"] if claim["verdict"] != "not tested"]
+    """RESULTS.md's verdict table of the miniature: per tested claim and size one row, whose mean Δ, interval and
+    verdict are the records', and its Holm verdict (and p, where given) Holm's within its family over the records'
+    p-values; the quantization rows show unified's increase minus standard's, the margin added back to the Δ."""
+    all_claims = records(WSD)["claims"]
+    claims = [claim for claim in all_claims if claim["verdict"] != "not tested"]
+    corrected = holm_in_families(all_claims)
     rows, claim_cell = {}, ""
     for cells in table_rows(section(RESULTS, WSD_SECTION), "claim | size | mean Δ [95 %] | verdict | Holm"):
         claim_cell = cells[0] or claim_cell  # a blank claim cell continues the row above
-        (name,) = {c["claim"] for c in claims if claim_cell.startswith(c["claim"])}
-        rows[name, cells[1]] = cells[2:]
+        (key,) = {claim_key(c["claim"]) for c in claims if claim_key(claim_cell).startswith(claim_key(c["claim"]))}
+        rows[key, cells[1]] = cells[2:]
     assert len(rows) == len(claims) == 21
     for claim in claims:
-        delta, verdict, holm = rows[claim["claim"], claim["size"]]
+        delta, verdict, holm_cell = rows[claim_key(claim["claim"]), claim["size"]]
+        adjusted, holm_verdict = corrected[claim_key(claim["claim"]), claim["size"]]
         shift = MARGIN if claim["claim"].startswith(QUANTIZED) else 0.0
         expected = [claim["interval"][key] + shift for key in ("mean", "low", "high")]
         printed = re.fullmatch(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]", delta).groups()
         assert all(map(matches, printed, expected)), (claim["claim"], claim["size"], delta, expected)
         assert verdict.split(":")[0] == claim["verdict"], (claim["claim"], claim["size"])
-        assert holm.split(" (")[0] == claim["holm_verdict"], (claim["claim"], claim["size"])
-        if p_value := re.search(r"\(p ([\d.]+)\)", holm):
-            assert matches(p_value.group(1), claim["holm_p_value"])
+        assert holm_cell.split(" (")[0] == holm_verdict, (claim["claim"], claim["size"], holm_cell)
+        if p_value := re.search(r"\(p ([\d.]+)\)", holm_cell):
+            assert matches(p_value.group(1), adjusted)
 
 
 def test_the_quantization_rows_state_the_measured_differences_not_just_the_margin():
@@ -167,15 +192,25 @@ def test_the_loss_claims_as_quoted():
     assert removing in readme_text() and lowest in readme_text(), (removing, lowest)
     assert f"*holds* at {len(hurts)} of {len(lower)} sizes ({signed_range(hurts, 2)}" in study_text()
     assert lowest in study_text(), lowest
+    corrected = holm_in_families(claims)
+    survivors = [(size, p) for (key, size), (p, v) in corrected.items() if key.startswith("Removing") and v == "holds"]
+    ((size, adjusted),) = survivors
+    phrase = f"after Holm within the superiority family only at {size}"
+    for name, text in (("README", readme_text()), ("study.md", study_text())):
+        assert phrase in text, (name, phrase)
+    assert f"{phrase} (p {adjusted:.2g};" in wsd_text()
 
     loss_rows = [c for c in records(LADDER_4X128)["claims"] if c["verdict"] != "not tested"]
     loss_rows = [c for c in loss_rows if not c["claim"].startswith(QUANTIZED)]
     assert [(c["verdict"], c["holm_verdict"]) for c in loss_rows] == [("holds", "holds")] * 2
     assert all(flag.endswith("one learning rate only: not tuned") for c in loss_rows for flag in c["flags"])
+    corrected = holm_in_families(records(LADDER_4X128)["claims"])
     for claim in loss_rows:
-        interval = recorded(claim)
+        interval, (adjusted, holm_verdict) = recorded(claim), corrected[claim["claim"], claim["size"]]
         seeds = ", ".join(f"{claim['differences'][seed]:+.3f}" for seed in sorted(claim["differences"]))
-        assert f"{quoted_interval(interval, 4)} (seeds {seeds}): **holds**, after Holm too" in ladder_text()
+        assert holm_verdict == "holds"
+        quoted = f"{quoted_interval(interval, 4)} (seeds {seeds}): **holds**, after Holm too (p {adjusted:.2g})"
+        assert quoted in ladder_text(), quoted
     removing, lowest = (recorded(c) for c in loss_rows)
     assert f"costs {removing.mean:+.3f} nats [{removing.low:+.3f}, {removing.high:+.3f}]" in study_text()
     assert f"lowest by {-lowest.mean:.3f} [{-lowest.high:.3f}, {-lowest.low:.3f}]" in study_text()
@@ -217,6 +252,10 @@ def test_the_ladders_parameters_rates_and_noise_as_quoted():
     ]
     assert f"half-widths of {min(half_widths):.2f} to {max(half_widths):.2f} nats" in wsd_text()
     assert "about 50 % power" in wsd_text()
+    powered = [
+        detectable_effect(recorded(c)) for c in results["claims"] if c["verdict"] == "unresolved" and c["differences"]
+    ]
+    assert f"80 % power only for effects of {min(powered):.2f} to {max(powered):.2f} nats" in wsd_text()
     falls = [chosen[sizes[0], v]["report_loss_mean"] - chosen[sizes[-1], v]["report_loss_mean"] for v in VARIANTS]
     assert f"falls by {min(falls):.1f} to {max(falls):.1f} nats" in wsd_text()
 
