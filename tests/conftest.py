@@ -30,14 +30,15 @@ SLOW_FILES = {
     "test_tasks.py",  # torchrun, lm-eval, training runs
     "test_train_cli.py",
     "test_train_preemption.py",
+    "test_workflows.py",  # the documented command sequences, each command in a fresh process
 }
 # ... and single tests of the other files (by function name, every parameter).
 SLOW_TESTS = {
-    "test_study_quantization.py": {"test_each_run_records_its_quantized_losses_and_the_claim_gets_a_row"},
     "test_study_records.py": {  # training runs; the L(N, D) bootstrap of a committed study
         "test_shards_on_separate_machines_make_one_study_that_resumes_from_its_records_alone",
         "test_a_committed_records_file_alone_re_reports_the_committed_text_byte_for_byte",
     },
+    "test_study_quantization.py": {"test_each_run_records_its_quantized_losses_and_the_claim_gets_a_row"},
     "test_data_prepared.py": {"test_a_25_mb_line_is_prepared_in_bounded_memory"},
     "test_intree.py": {"test_task_heads_train_and_load_with_remote_code_where_scalevec_is_absent"},
     "test_modeling.py": {
