@@ -304,8 +304,8 @@ def test_the_budgets_separate_n_and_d_and_the_bootstrap_is_descriptive():
 
 
 def test_the_4x128_quantization_costs_against_2x64():
-    """int4's cost at 4x128 against 2x64 (each strategy's mean increase), and unified's extra int4 cost at 4x128
-    as a share of standard's."""
+    """What int8 and int4 cost at 4x128 (each strategy's mean increase), against 2x64, and unified's extra int4
+    cost as a share of standard's and of its lead in loss, in RESULTS.md and docs/evaluation.md."""
     small, large = summaries(records(WSD)), summaries(records(LADDER_4X128))
     cost = {
         (size, v): statistics.fmean(chosen[size, v]["quantization_increase"]["int4"].values())
@@ -314,8 +314,21 @@ def test_the_4x128_quantization_costs_against_2x64():
     }
     ratios = [cost["4x128", v] / cost["2x64", v] for v in VARIANTS]
     assert f"{min(ratios):.1f} to {max(ratios):.1f} times what it cost each strategy at 2x64" in ladder_text()
-    share = (cost["4x128", "unified"] - cost["4x128", "standard"]) / cost["4x128", "standard"]
-    assert f"That is {100 * share:.0f} % more than standard's int4 cost" in ladder_text()
+    extra = cost["4x128", "unified"] - cost["4x128", "standard"]
+    assert f"That is {100 * extra / cost['4x128', 'standard']:.0f} % more than standard's int4 cost" in ladder_text()
+    int8 = [statistics.fmean(large["4x128", v]["quantization_increase"]["int8"].values()) for v in VARIANTS]
+    int4 = [cost["4x128", v] for v in VARIANTS]
+    assert max(int8) <= 1e-4 and "int8 weights cost nothing measurable (≤ 1e-4 nats" in ladder_text()
+    assert f"int4 costs {min(int4):.3f}–{max(int4):.3f} nats" in ladder_text()
+    (lowest,) = [c for c in records(LADDER_4X128)["claims"] if c["claim"].startswith("Unified has the lowest")]
+    assert abs(-lowest["interval"]["mean"] / extra - 60) < 1 and "a sixtieth of unified's lead" in ladder_text()
+    evaluation = flat(section(ROOT / "docs" / "evaluation.md", "What an export loses to quantization"))
+    at_2x64 = cost["2x64", "unified"] - cost["2x64", "standard"]
+    quoted = (
+        f"int8 costs under 1e-4 nats and int4 {min(int4):.3f} to {max(int4):.3f} nats; unified loses {extra:.4f} nats "
+        f"more to int4 than standard, a sixtieth of its lead in loss, and at 2x64 {-at_2x64:.4f} less"
+    )
+    assert quoted in evaluation, quoted
 
 
 @pytest.mark.parametrize("name, size", [(WSD, "2x64"), (LADDER_4X128, "4x128")])
