@@ -66,7 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-dataset", help="held-out text (files, folders, prepared folders) for the loss")
     parser.add_argument("--max-eval-tokens", default=str(DEFAULT_EVAL_TOKENS), help="held-out tokens read, or 'all'")
     parser.add_argument("--seq-len", type=int, help=f"held-out block length (default {DEFAULT_SEQ_LEN})")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        help="held-out blocks per forward; for tasks, the tokens of this many of the longest requests (context and "
+        "choice) per forward, padding included, as lm-eval's batch of requests takes",
+    )
     parser.add_argument(
         "--quantize",
         help="comma-separated weight-only schemes (int8, int4): score the model again with each, beside the "

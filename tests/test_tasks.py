@@ -333,8 +333,9 @@ def test_a_continuation_longer_than_the_model_is_refused(model_dir):
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_fed_tokens_count_every_padded_batch_the_scorer_runs(model_dir, world_size):
-    """The plan's task cost: the tokens of the forwards themselves (right-padded batches, one-token fillers)."""
+def test_fed_tokens_count_every_batch_the_scorer_runs(model_dir, world_size):
+    """The plan's task cost: the tokens of the forwards themselves (padding, one-token fillers), fewer than one
+    input per choice as each item's context is fed once."""
     model = ScaleVecForCausalLM.from_pretrained(model_dir / "model").eval()
     tasks = load_tasks([str(model_dir / "mc.jsonl")], 25)
     fed = []
@@ -344,12 +345,12 @@ def test_fed_tokens_count_every_padded_batch_the_scorer_runs(model_dir, world_si
         scorer = TaskEvaluation(default_tokenizer(), rank, world_size, batch_size=4)
         scorer.sums(model, tasks)
     tokenizer = default_tokenizer()
-    unpadded = sum(
+    one_input_per_choice = sum(
         len(context) + len(continuation) - 1
         for item in tasks[0].items
         for context, continuation in (encode_pair(tokenizer, *request) for request in item.requests())
     )
-    assert fed_tokens(tokenizer, tasks, 128, 4, world_size) == sum(fed) > unpadded
+    assert fed_tokens(tokenizer, tasks, model, 4, world_size) == sum(fed) < one_input_per_choice
 
 
 def test_acc_acc_norm_and_bits_per_byte_of_an_item():
@@ -496,13 +497,14 @@ def test_training_scores_the_tasks_at_each_evaluation(model_dir, tmp_path):
     assert summary["eval_mc_acc"] == evaluations[-1]["eval_mc_acc"]
     plan = next(line for line in printed.getvalue().splitlines() if line.startswith("tasks "))
     assert "mc 12 of 30 items, other 12 of 20 items" in plan and "% of the training compute" in plan
-    fed = fed_tokens(default_tokenizer(), load_tasks(tasks.split(","), 12), 1024, batch_size=5)
-    assert f"each evaluation feeds {fed:,} tokens (requests in right-padded batches)" in plan
+    trained = ScaleVecForCausalLM.from_pretrained(run)
+    fed = fed_tokens(default_tokenizer(), load_tasks(tasks.split(","), 12), trained, batch_size=5)
+    assert f"each evaluation feeds {fed:,} tokens (each item's context once, with its choices)" in plan
     assert f"  mc         acc {evaluations[-1]['eval_mc_acc']:.4f}, acc_norm" in printed.getvalue()  # the end
 
     tokenizer = default_tokenizer()
     (mc,) = load_tasks([str(model_dir / "mc.jsonl")], 12)
-    final = evaluate_model(ScaleVecForCausalLM.from_pretrained(run), tokenizer, [mc]).tasks["mc"]
+    final = evaluate_model(trained, tokenizer, [mc]).tasks["mc"]
     assert final["acc"] == evaluations[-1]["eval_mc_acc"]
     assert final["bpb"] == pytest.approx(evaluations[-1]["eval_mc_bpb"], rel=1e-5)
 

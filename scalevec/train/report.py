@@ -24,7 +24,7 @@ from ..run_records import (
     segments_text,
     whole_run,
 )
-from .task_scoring import fed_tokens, model_length
+from .task_scoring import fed_tokens
 from .tasks import Task
 from .throughput import model_flops_per_token, throughput_figures, training_peak_flops
 
@@ -112,7 +112,7 @@ def plan(model: torch.nn.Module, args, data: TrainingData, tasks: Sequence[Task]
     lines += [f"data         {_data_line(source)}" for source in data.record["sources"]]
     lines.append(f"held out     {_evaluation_line(args, data, tokens)}")
     if tasks:
-        fed = fed_tokens(tokenizer, list(tasks), model_length(model), args.eval_batch_size, args.world_size)
+        fed = fed_tokens(tokenizer, list(tasks), model, args.eval_batch_size, args.world_size)
         lines.append(f"tasks        {_tasks_line(tasks, fed, evaluations_planned(args, steps), tokens)}")
     saving = "none (--save-strategy no)" if args.save_strategy == "no" else _checkpoint_cadence(args)
     lines.append(f"checkpoints  {saving}")
@@ -158,8 +158,8 @@ def _tasks_line(tasks: Sequence[Task], tokens: int, evaluations: int, train_toke
     names = ", ".join(f"{task.name} {len(task.items):,} of {task.available:,} items" for task in tasks)
     share = 100 * evaluations * tokens / (3 * train_tokens)
     return (
-        f"{names} (--task-examples); each evaluation feeds {tokens:,} tokens (requests in right-padded batches), "
-        f"about {share:.2g} % of the training compute"
+        f"{names} (--task-examples); each evaluation feeds {tokens:,} tokens (each item's context once, with its "
+        f"choices), about {share:.2g} % of the training compute"
     )
 
 

@@ -4,26 +4,34 @@ Each choice's request (`TaskItem.requests`) is tokenised as lm-eval's `_encode_p
 whitespace at the end of the context moves to the start of the continuation, the context and the whole text are
 encoded with the tokenizer's defaults, and the continuation is what the whole has beyond the context's tokens.
 Context and continuation are cut from the left to the model's length (`max_length + 1` tokens, the last not fed),
-batched right-padded without an attention mask, and the log-likelihood of the continuation summed in float32, as
-lm-eval's `_loglikelihood_tokens` does. Per item:
+and the log-likelihood of the continuation summed in float32, as lm-eval's `_loglikelihood_tokens` does. Per item:
 
 - `acc`: the gold choice has the highest log-likelihood;
 - `acc_norm`: the same with each log-likelihood divided by its choice's length in characters (lm-eval's);
 - `bpb`: the gold continuation's negative log-likelihood in bits per UTF-8 byte of the text scored (the choice
   with its leading space), as OLMo's in-loop evaluator reports it.
 
-A task's figures are means over its items. Process r scores items r, r + N, ...; each keeps four sums per task
-(acc, acc_norm, bpb, items) in float64 and one all-reduce adds them (`HeldOutSums`' convention), so nothing per
-item is kept or gathered, and memory depends on the batch, not on the number of items.
+Each item's context is fed once, not once per choice: one row holds the tokens its choices' inputs begin with
+(the context, as encoded: a context token that would merge with a continuation is not in `encode_pair`'s context
+tokens, so each input is exactly lm-eval's), then the rest of each choice's input, which attends to that prefix and
+to itself only (a 4-D mask), at the positions it has in its own input; only the scored columns' logits are computed.
+This equals one forward per choice (tests/test_task_scoring.py). Rows are sorted longest first and batched by
+tokens (`_schedule`); a model whose attention takes no such mask (flash attention) is fed each choice's input as
+a row of its own, in the same batches.
+
+A task's figures are means over its items. The items are dealt to the processes by width; each keeps four sums
+per task (acc, acc_norm, bpb, items) in float64 and one all-reduce adds them (`HeldOutSums`' convention), so
+nothing per item is gathered, and memory depends on the batch, not on the number of items.
 """
 
+import inspect
 import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from ..run_records import TASK_FIGURES, TASKS_MEAN
 from .tasks import Task, TaskError, TaskItem
@@ -46,9 +54,13 @@ def scored_text(context: str, continuation: str) -> str:
     return context[len(context.rstrip()) :] + continuation
 
 
+def _config(model: torch.nn.Module):
+    return getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)  # DDP's
+
+
 def model_length(model: torch.nn.Module, default: int = 2048) -> int:
     """The longest input a model takes, found as lm-eval's HFLM finds it."""
-    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)  # DDP's
+    config = _config(model)
     for attribute in ("n_positions", "max_position_embeddings", "n_ctx"):
         if (value := getattr(config, attribute, None)) is not None:
             return value
@@ -80,33 +92,119 @@ def _encoded(tokenizer, item: TaskItem, context: str, continuation: str, length:
     return context_ids, continuation_ids
 
 
-def fed_tokens(tokenizer, tasks: list[Task], length: int, batch_size: int, world_size: int = 1) -> int:
-    """The tokens that scoring `tasks` feeds a model of `length` positions over `world_size` processes, counted on
-    the batches `TaskEvaluation` builds: each right-padded to its longest request, and the one-token forwards of a
-    process with fewer batches than the busiest."""
+def fed_tokens(tokenizer, tasks: list[Task], model: torch.nn.Module, batch_size: int, world_size: int = 1) -> int:
+    """The tokens that scoring `tasks` with `model` feeds over `world_size` processes, counted on the batches
+    `TaskEvaluation` builds (padding included) and on the one-token forwards of the processes with fewer batches
+    than the busiest."""
     total = 0
     for task in tasks:
-        for rank in range(world_size):
-            scorer = TaskEvaluation(tokenizer, rank, world_size, batch_size)
-            batches = [[len(request.inputs) for request in batch] for batch in scorer.batches(task.items, length)]
-            total += sum(len(batch) * max(batch) for batch in batches)
-            total += scorer.forwards(task.items) - len(batches)
+        schedule = _schedule(tokenizer, task.items, model, batch_size, world_size)
+        most = max(len(batches) for batches in schedule)
+        total += sum(len(batch) * batch[0].width for batches in schedule for batch in batches)
+        total += sum(most - len(batches) for batches in schedule)
     return total
 
 
+def shares_prefixes(model: torch.nn.Module) -> bool:
+    """Whether the model's attention takes the 4-D mask that lets an item's choices share its context in one row
+    (eager and SDPA do; flash attention reads a mask as padding only)."""
+    return getattr(_config(model), "_attn_implementation", None) in ("eager", "sdpa")
+
+
 @dataclass
-class _Request:
-    item: int  # index among the items being scored
+class _Branch:
     choice: int
+    tokens: list[int]  # the choice's model input after the row's prefix
+    continuation: list[int]  # the tokens scored: what the input's last len(continuation) positions predict
+
+
+@dataclass
+class _Row:
+    """One row of a forward: an item's prefix (what all its choices' inputs begin with), fed once, then the rest of
+    the input of some of its choices, each attending to the prefix and to itself only, at the positions it has in
+    its own input."""
+
+    item: int
     choices: int  # of the item
-    inputs: list[int]  # fed to the model: context and continuation, less the last token
-    continuation: list[int]
+    prefix: list[int]
+    branches: list[_Branch] = field(default_factory=list)
+
+    @property
+    def width(self) -> int:
+        return len(self.prefix) + sum(len(branch.tokens) for branch in self.branches)
+
+    def layout(self) -> tuple[list[int], list[int], list[int]]:
+        """(tokens, positions, segments) along the row: the prefix's segment is 0, the k-th branch's k."""
+        tokens, positions, segments = list(self.prefix), list(range(len(self.prefix))), [0] * len(self.prefix)
+        for k, branch in enumerate(self.branches, 1):
+            tokens += branch.tokens
+            positions += range(len(self.prefix), len(self.prefix) + len(branch.tokens))
+            segments += [k] * len(branch.tokens)
+        return tokens, positions, segments
+
+    def scored_columns(self) -> Iterator[list[int]]:
+        """For each branch, the columns of the row whose predictions score its continuation: the last
+        len(continuation) positions of the choice's input, in the prefix or in the branch."""
+        start = len(self.prefix)
+        for branch in self.branches:
+            fed = len(self.prefix) + len(branch.tokens)
+            positions = range(fed - len(branch.continuation), fed)
+            yield [p if p < len(self.prefix) else start + p - len(self.prefix) for p in positions]
+            start += len(branch.tokens)
+
+
+def _inputs(tokenizer, item: TaskItem, length: int) -> list[tuple[list[int], list[int]]]:
+    """(model input, continuation) of each choice: context and continuation cut from the left to `length` + 1
+    tokens, the last not fed, as lm-eval's `_loglikelihood_tokens` cuts them."""
+    pairs = []
+    for context, continuation in item.requests():
+        context_ids, continuation_ids = _encoded(tokenizer, item, context, continuation, length)
+        pairs.append(((context_ids + continuation_ids)[-(length + 1) : -1], continuation_ids))
+    return pairs
+
+
+def _rows(index: int, inputs: list[tuple[list[int], list[int]]], widest: int, shares: bool) -> list[_Row]:
+    """An item's rows: its choices' inputs split after their common prefix, as many to a row as fit in `widest`
+    tokens; without `shares`, each input whole in a row of its own."""
+    if not shares:
+        return [_Row(index, len(inputs), [], [_Branch(k, fed, scored)]) for k, (fed, scored) in enumerate(inputs)]
+    common = len(os.path.commonprefix([fed for fed, _ in inputs]))  # of lists as of strings
+    rows = [_Row(index, len(inputs), inputs[0][0][:common])]
+    for choice, (fed, scored) in enumerate(inputs):
+        if rows[-1].branches and rows[-1].width + len(fed) - common > widest:
+            rows.append(_Row(index, len(inputs), rows[-1].prefix))
+        rows[-1].branches.append(_Branch(choice, fed[common:], scored))
+    return rows
+
+
+def _schedule(tokenizer, items: list[TaskItem], model, batch_size: int, world_size: int) -> list[list[list[_Row]]]:
+    """Each process's batches of rows. The budget of a batch is `batch_size` times the longest choice input of
+    `items`, padding included: the tokens of `batch_size` requests. Items are dealt to the processes in order of
+    width, so that each gets a like share; each process's rows are sorted longest first (a batch too large for
+    memory fails at once, as in lm-eval's `Collator`), and a batch takes rows while their number times the first's
+    width stays within the budget."""
+    length = model_length(model)
+    inputs = [_inputs(tokenizer, item, length) for item in items]
+    budget = batch_size * max((len(fed) for pairs in inputs for fed, _ in pairs), default=0)
+    rows = [_rows(index, pairs, min(budget, length), shares_prefixes(model)) for index, pairs in enumerate(inputs)]
+    by_width = sorted(range(len(items)), key=lambda index: -max(row.width for row in rows[index]))
+    schedule = []
+    for rank in range(world_size):
+        mine = sorted((row for index in by_width[rank::world_size] for row in rows[index]), key=lambda r: -r.width)
+        batches: list[list[_Row]] = []
+        for row in mine:
+            if batches and (len(batches[-1]) + 1) * batches[-1][0].width <= budget:
+                batches[-1].append(row)
+            else:
+                batches.append([row])
+        schedule.append(batches)
+    return schedule
 
 
 @dataclass
 class TaskEvaluation:
-    """How one process scores tasks: its rank among `world_size`, how many sequences a forward takes, the device,
-    and the context (autocast) its forwards run in."""
+    """How one process scores tasks: its rank among `world_size`, the tokens a forward takes (`batch_size` times
+    the longest request: `_schedule`), the device, and the context (autocast) its forwards run in."""
 
     tokenizer: object
     rank: int = 0
@@ -115,63 +213,69 @@ class TaskEvaluation:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     forward_context: Callable[[], AbstractContextManager] = nullcontext
 
-    def loglikelihoods(self, model: torch.nn.Module, items: list[TaskItem]) -> Iterator[tuple[int, list[float]]]:
-        """(index, log-likelihood of each choice) of this process's items, in order. Every process runs as many
-        forwards as the busiest one (a sharded model needs every process in each forward): the others run a
-        one-token filler."""
-        forwards = self.forwards(items)
+    def loglikelihoods(self, model: torch.nn.Module, items: list[TaskItem]) -> list[tuple[int, list[float]]]:
+        """(index, log-likelihood of each choice) of this process's items, in the items' order. Every process runs
+        as many forwards as the busiest one (a sharded model needs every process in each forward): the others run
+        a one-token filler."""
+        schedule = _schedule(self.tokenizer, items, model, self.batch_size, self.world_size)
+        selects = "logits_to_keep" in inspect.signature(getattr(model, "module", model).forward).parameters
         scores: dict[int, list[float | None]] = {}
-        for batch in self.batches(items, model_length(model)):
-            yield from self._flush(model, batch, scores)
-            forwards -= 1
-        for _ in range(forwards):
-            self._forward(model, [[0]])
+        for batch in schedule[self.rank]:
+            branches = [(row, branch) for row in batch for branch in row.branches]
+            for (row, branch), loglikelihood in zip(branches, self._score(model, batch, selects)):
+                scores.setdefault(row.item, [None] * row.choices)[branch.choice] = loglikelihood
+        for _ in range(max(len(batches) for batches in schedule) - len(schedule[self.rank])):
+            self._forward(model, input_ids=torch.zeros(1, 1, dtype=torch.long))
+        return sorted(scores.items())
 
-    def forwards(self, items: list[TaskItem]) -> int:
-        """The forwards every process runs on `items`: the busiest process's batches."""
-        most = max(
-            sum(len(items[i].choices) for i in range(r, len(items), self.world_size)) for r in range(self.world_size)
+    def _score(self, model, batch: list[_Row], selects: bool) -> list[float]:
+        """The log-likelihood of each branch of the batch's rows; one device sync."""
+        width = batch[0].width
+        tokens = torch.zeros(len(batch), width, dtype=torch.long)
+        positions = torch.zeros(len(batch), width, dtype=torch.long)
+        segments = torch.full((len(batch), width), -1)  # padding
+        rows, columns, targets, owners = [], [], [], []  # of each scored token
+        branches = 0
+        for r, row in enumerate(batch):
+            for values, tensor in zip(row.layout(), (tokens, positions, segments)):
+                tensor[r, : len(values)] = torch.tensor(values)
+            for branch, scored in zip(row.branches, row.scored_columns()):
+                rows += [r] * len(scored)
+                columns += scored
+                targets += branch.continuation
+                owners += [branches] * len(scored)
+                branches += 1
+        inputs = {"input_ids": tokens}
+        if any(sum(bool(branch.tokens) for branch in row.branches) > 1 for row in batch):  # not plain sequences
+            inputs.update(attention_mask=self._mask(model, segments), position_ids=positions)
+        if selects:  # the logits of the scored columns only
+            kept = sorted(set(columns))
+            inputs["logits_to_keep"] = torch.tensor(kept)
+            columns = list(map({column: k for k, column in enumerate(kept)}.get, columns))
+        logits = self._forward(model, **{key: value.to(self.device) for key, value in inputs.items()})
+        rows, columns, targets, owners = (
+            torch.tensor(v, device=self.device) for v in (rows, columns, targets, owners)
         )
-        return math.ceil(most / self.batch_size)
+        log_probs = logits[rows, columns].float().log_softmax(-1).gather(-1, targets[:, None])[:, 0]
+        # added in float64: index_add_ adds in sequence, where lm-eval's float32 `sum` adds pairwise
+        sums = torch.zeros(branches, dtype=torch.float64, device=self.device).index_add_(0, owners, log_probs.double())
+        return sums.tolist()
 
-    def batches(self, items: list[TaskItem], length: int) -> Iterator[list[_Request]]:
-        """This process's requests (items rank, rank + world_size, ...), `batch_size` at a time, in order, each
-        cut from the left to `length` + 1 tokens."""
-        pending: list[_Request] = []
-        for index in range(self.rank, len(items), self.world_size):
-            item = items[index]
-            for choice, (context, continuation) in enumerate(item.requests()):
-                context_ids, continuation_ids = _encoded(self.tokenizer, item, context, continuation, length)
-                whole = (context_ids + continuation_ids)[-(length + 1) :]
-                pending.append(_Request(index, choice, len(item.choices), whole[:-1], continuation_ids))
-                if len(pending) == self.batch_size:
-                    yield pending
-                    pending = []
-        if pending:
-            yield pending
+    @staticmethod
+    def _mask(model, segments: torch.Tensor) -> torch.Tensor:
+        """(rows, 1, queries, keys): causal, and a token sees the prefix (segment 0) and its own segment; padding
+        sees itself, so that no attention row is empty. Boolean for SDPA; additive for eager attention."""
+        width = segments.shape[1]
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        keys, queries = segments[:, None, :], segments[:, :, None]
+        allowed = (causal & ((keys == 0) | (keys == queries)))[:, None]
+        if _config(model)._attn_implementation == "sdpa":
+            return allowed
+        return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
-    def _flush(self, model, pending: list[_Request], scores: dict) -> Iterator[tuple[int, list[float]]]:
-        """Score the pending requests; yield each item whose choices are all scored, and forget it."""
-        logits = self._forward(model, [request.inputs for request in pending])
-        sums = []
-        for row, request in zip(logits, pending):
-            end = len(request.inputs)
-            targets = torch.tensor(request.continuation, device=row.device)
-            log_probs = F.log_softmax(row[end - len(targets) : end].float(), dim=-1)
-            sums.append(log_probs.gather(-1, targets[:, None]).sum())
-        for request, loglikelihood in zip(pending, torch.stack(sums).tolist()):  # one device sync a batch
-            scores.setdefault(request.item, [None] * request.choices)[request.choice] = loglikelihood
-        done = sorted({request.item for request in pending if None not in scores[request.item]})
-        for index in done:
-            yield index, scores.pop(index)
-
-    def _forward(self, model, rows: list[list[int]]) -> torch.Tensor:
-        width = max(len(row) for row in rows)
-        batch = torch.zeros(len(rows), width, dtype=torch.long)
-        for k, row in enumerate(rows):
-            batch[k, : len(row)] = torch.tensor(row)
+    def _forward(self, model, **inputs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), self.forward_context():
-            return model(input_ids=batch.to(self.device), use_cache=False).logits
+            return model(**inputs, use_cache=False).logits
 
     def sums(self, model: torch.nn.Module, tasks: list[Task]) -> torch.Tensor:
         """This process's float64 sums of each task: a row of (acc, acc_norm, bpb, items) per task."""
