@@ -41,12 +41,12 @@ def model(tokenizer, attention: str = "sdpa") -> ScaleVecForCausalLM:
 
 
 def plain(model, tokenizer, item: TaskItem) -> list[float]:
-    """One forward per choice, of its whole input (lm-eval's), the log-likelihood added in float64."""
+    """One forward per choice, of its whole input, the log-likelihood computed as lm-eval's (float32)."""
     loglikelihoods = []
     for context, continuation in item.requests():
         context_ids, continuation_ids = encode_pair(tokenizer, context, continuation)
         with torch.no_grad():
-            logits = model(torch.tensor([context_ids + continuation_ids[:-1]])).logits[0].double()
+            logits = model(torch.tensor([context_ids + continuation_ids[:-1]])).logits[0]
         positions = torch.arange(len(context_ids) - 1, len(context_ids) + len(continuation_ids) - 1)
         loglikelihoods.append(logits.log_softmax(-1)[positions, continuation_ids].sum().item())
     return loglikelihoods

@@ -234,8 +234,7 @@ class TaskEvaluation:
         tokens = torch.zeros(len(batch), width, dtype=torch.long)
         positions = torch.zeros(len(batch), width, dtype=torch.long)
         segments = torch.full((len(batch), width), -1)  # padding
-        rows, columns, targets, owners = [], [], [], []  # of each scored token
-        branches = 0
+        rows, columns, targets, counts = [], [], [], []  # of each scored token; tokens of each branch
         for r, row in enumerate(batch):
             for values, tensor in zip(row.layout(), (tokens, positions, segments)):
                 tensor[r, : len(values)] = torch.tensor(values)
@@ -243,8 +242,7 @@ class TaskEvaluation:
                 rows += [r] * len(scored)
                 columns += scored
                 targets += branch.continuation
-                owners += [branches] * len(scored)
-                branches += 1
+                counts.append(len(scored))
         inputs = {"input_ids": tokens}
         if any(sum(bool(branch.tokens) for branch in row.branches) > 1 for row in batch):  # not plain sequences
             inputs.update(attention_mask=self._mask(model, segments), position_ids=positions)
@@ -253,12 +251,10 @@ class TaskEvaluation:
             inputs["logits_to_keep"] = torch.tensor(kept)
             columns = list(map({column: k for k, column in enumerate(kept)}.get, columns))
         logits = self._forward(model, **{key: value.to(self.device) for key, value in inputs.items()})
-        rows, columns, targets, owners = (
-            torch.tensor(v, device=self.device) for v in (rows, columns, targets, owners)
-        )
+        rows, columns, targets = (torch.tensor(v, device=self.device) for v in (rows, columns, targets))
         log_probs = logits[rows, columns].float().log_softmax(-1).gather(-1, targets[:, None])[:, 0]
-        # added in float64: index_add_ adds in sequence, where lm-eval's float32 `sum` adds pairwise
-        sums = torch.zeros(branches, dtype=torch.float64, device=self.device).index_add_(0, owners, log_probs.double())
+        # each branch's own float32 `sum`, as lm-eval adds a continuation's: the same rounding
+        sums = torch.stack([part.sum() for part in log_probs.split(counts)])
         return sums.tolist()
 
     @staticmethod
