@@ -14,9 +14,12 @@ weight-only quantization (scalevec/quantization.py), on the same items and block
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
+import typing
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,7 +28,6 @@ from transformers.utils import ADAPTER_CONFIG_NAME, CONFIG_NAME
 from .atomic import exit_status, write_text_atomically, writes_into
 from .convert.checkpoint import WEIGHT_FILES, WEIGHT_INDEXES
 from .data.build import DEFAULT_SEQ_LEN, DataArguments, build_held_out_data
-from .data.held_out import DEFAULT_EVAL_TOKENS, DEFAULT_TASK_EXAMPLES
 from .data.sources import check_hub_repo, names_a_local_path
 from .quantization import parse_schemes, quantize_weights, require_torchao
 from .train.evaluation import EvaluationResult, evaluate_model
@@ -33,7 +35,7 @@ from .train.task_scoring import check_requests, model_length
 from .train.tasks import BUILTIN_TASKS, load_tasks, parse_task_list, task_file_text
 
 
-def describe(result: EvaluationResult) -> str:
+def results_table(result: EvaluationResult) -> str:
     """The results as a table."""
     lines = [
         f"== scalevec-eval: {result.model} ==",
@@ -51,21 +53,36 @@ def describe(result: EvaluationResult) -> str:
         )
     lines.append(f"in {result.seconds:.1f} s")
     for scheme, differences in result.differences().items():
-        lines += ["", describe(result.quantized[scheme])]
+        lines += ["", results_table(result.quantized[scheme])]
         changes = [f"held-out loss {d:+.4f}" for d in [differences["held_out"].get("loss")] if d is not None]
         changes += [f"{task} acc {d['acc']:+.4f}, bpb {d['bpb']:+.4f}" for task, d in differences["tasks"].items()]
         lines.append(f"{scheme} minus unquantized: {'; '.join(changes) or '-'}")
     return "\n".join(lines)
 
 
+# The data flags, DataArguments' fields: each one's flag here, and its help where the training's would mislead.
+_DATA_FLAGS = {
+    "eval_tasks": ("--tasks", f"Comma-separated built-in names ({', '.join(BUILTIN_TASKS)}) or jsonl files."),
+    "task_examples": ("--task-examples", None),
+    "eval_dataset": ("--eval-dataset", "Held-out text (files, folders, prepared folders) for the loss."),
+    "max_eval_tokens": ("--max-eval-tokens", None),
+    "seq_len": ("--seq-len", f"Held-out block length. Default: {DEFAULT_SEQ_LEN}, or the model's if shorter."),
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalevec-eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", help="model folder or Hub id (AutoModelForCausalLM, AutoTokenizer)")
-    parser.add_argument("--tasks", help=f"comma-separated built-in names ({', '.join(BUILTIN_TASKS)}) or jsonl files")
-    parser.add_argument("--task-examples", type=int, default=DEFAULT_TASK_EXAMPLES, help="items scored per task")
-    parser.add_argument("--eval-dataset", help="held-out text (files, folders, prepared folders) for the loss")
-    parser.add_argument("--max-eval-tokens", default=str(DEFAULT_EVAL_TOKENS), help="held-out tokens read, or 'all'")
-    parser.add_argument("--seq-len", type=int, help=f"held-out block length (default {DEFAULT_SEQ_LEN})")
+    hints = typing.get_type_hints(DataArguments)
+    for field in dataclasses.fields(DataArguments):  # their types, defaults and checks are the training's
+        if field.name in _DATA_FLAGS:
+            flag, own_help = _DATA_FLAGS[field.name]
+            kind = int if int in (hints[field.name], *typing.get_args(hints[field.name])) else str
+            help_text = own_help or field.metadata["help"]
+            metavar = flag.removeprefix("--").replace("-", "_").upper()
+            parser.add_argument(
+                flag, dest=field.name, metavar=metavar, type=kind, default=field.default, help=help_text
+            )
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -86,8 +103,9 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> None:
     if args.export_task:
         return _export_task(*args.export_task)
-    if not args.model or not (args.tasks or args.eval_dataset):
+    if not args.model or not (args.eval_tasks or args.eval_dataset):
         raise ValueError("give a MODEL and --tasks and/or --eval-dataset (or --export-task NAME FILE)")
+    data_args = DataArguments(**{name: getattr(args, name) for name in _DATA_FLAGS}, eval_every=0)  # checked
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1; got {args.batch_size}")
     schemes = parse_schemes(args.quantize) if args.quantize else []
@@ -97,10 +115,10 @@ def _run(args: argparse.Namespace) -> None:
         _check_output(args.output)
     cache_only = check_model_source("model", args.model)
     rank, world_size, device = _distributed()
-    tasks = load_tasks(parse_task_list(args.tasks), args.task_examples) if args.tasks else []
+    tasks = load_tasks(parse_task_list(args.eval_tasks), args.task_examples) if args.eval_tasks else []
     tokenizer, model = _load(args.model, device, cache_only)
     check_requests(tokenizer, tasks, model_length(model))
-    held_out = _held_out(args, tokenizer, model, rank) if args.eval_dataset else None
+    held_out = _held_out(data_args, tokenizer, model, rank) if args.eval_dataset else None
 
     def score(model: torch.nn.Module, name: str) -> EvaluationResult:
         return evaluate_model(
@@ -112,7 +130,7 @@ def _run(args: argparse.Namespace) -> None:
         quantized = quantize_weights(_load(args.model, device, cache_only)[1], scheme)
         result.quantized[scheme] = score(quantized, f"{args.model} ({scheme} weights)")
     if rank == 0:
-        print(describe(result), flush=True)
+        print(results_table(result), flush=True)
         if args.output:
             with writes_into(Path(args.output).parent, named=args.output):
                 write_text_atomically(args.output, result.to_json())
@@ -174,12 +192,10 @@ def check_model_source(option: str, name: str) -> bool:
     return not check_hub_repo(option, name)
 
 
-def _held_out(args: argparse.Namespace, tokenizer, model, rank: int) -> dict | None:
+def _held_out(data_args: DataArguments, tokenizer, model, rank: int) -> dict | None:
     """The `--eval-dataset` blocks, prepared by the first process while the others wait, then read by all."""
-    seq_len = args.seq_len or min(DEFAULT_SEQ_LEN, model_length(model))
-    data_args = DataArguments(
-        eval_dataset=args.eval_dataset, eval_every=0, seq_len=seq_len, max_eval_tokens=args.max_eval_tokens
-    )
+    seq_len = data_args.seq_len or min(DEFAULT_SEQ_LEN, model_length(model))
+    data_args = replace(data_args, seq_len=seq_len)
     distributed = torch.distributed.is_initialized()
     if distributed and rank != 0:
         torch.distributed.barrier()
@@ -187,7 +203,7 @@ def _held_out(args: argparse.Namespace, tokenizer, model, rank: int) -> dict | N
     if distributed and rank == 0:
         torch.distributed.barrier()
     if sets is None:
-        raise ValueError(f"--eval-dataset {args.eval_dataset}: no complete block of {seq_len} tokens")
+        raise ValueError(f"--eval-dataset {data_args.eval_dataset}: no complete block of {seq_len} tokens")
     return sets
 
 

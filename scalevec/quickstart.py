@@ -80,7 +80,7 @@ def run(output_dir: Path, train_flags: list[str], model_name: str | None = None)
         card = card_writer(run_dir, model_name=model_name)
         export_checkpoint(run_dir, output_dir / target, target, OutputOptions(before_commit=card))
         samples[target] = load_and_generate(output_dir / target, target)
-    print(report(output_dir, samples))
+    print(summary_text(output_dir, samples))
     return samples
 
 
@@ -135,7 +135,7 @@ def _beyond_frequencies(gain: float) -> str:
     return "the model has not learned even that much yet (train longer: --max-steps);"
 
 
-def report(output_dir: Path, samples: dict[str, dict[str, str]]) -> str:
+def summary_text(output_dir: Path, samples: dict[str, dict[str, str]]) -> str:
     """The summary of the main job, in plain words: what the numbers mean, what to open and run next."""
     run_dir = output_dir / "run"
     summary, metrics = read_json(run_dir / RUN_SUMMARY) or {}, read_json(run_dir / "all_results.json") or {}

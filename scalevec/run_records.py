@@ -22,6 +22,8 @@ TASKS_MEAN = "tasks"
 # The entry of a trainer state's `stateful_callbacks` that holds the run's clock (`RunClock`): the Trainer saves each
 # stateful callback under its class name, and `scalevec.train.run_clock.RunClockCallback` keeps the clock.
 RUN_CLOCK = "RunClockCallback"
+# The folder of each budget that `--decay-at` branches from a run: `OUTPUT/budget-F`, F its fraction of the run.
+BRANCH_PREFIX = "budget-"
 
 
 @dataclass

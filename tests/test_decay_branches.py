@@ -15,7 +15,7 @@ from scalevec.run_records import RunClock
 from scalevec.train import ablate
 from scalevec.train.branches import Budget, plan_budgets, resolve_decay_fraction
 from scalevec.train.cli import main
-from scalevec.train.study.budgets import budget_rows, read_budgets
+from scalevec.train.study.budgets import read_budgets
 from scalevec.train.trainer import NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
 
 from ._helpers import log_history, logged_losses, train_argv
@@ -112,16 +112,8 @@ def test_read_budgets_gives_each_budget_its_tokens_and_eval_loss(runs):
     budgets = read_budgets(main_run)
     assert [(b.fraction, b.tokens) for b in budgets] == [(0.5, 10 * TOKENS_PER_STEP), (1.0, STEPS * TOKENS_PER_STEP)]
     assert [b.eval_loss for b in budgets] == [eval_loss(runs["branched"] / "budget-0.5"), eval_loss(runs["branched"])]
-
-    class Run:  # what budget_rows reads of the study's run records
-        variant, size, seed, non_embedding_parameters, output_dir = "standard", "tiny", 42, 1000, runs["branched"]
-
-    rows = budget_rows([Run()])
-    assert [(r.fraction, r.tokens, r.loss, r.seed) for r in rows] == [
-        (b.fraction, b.tokens, b.eval_loss, 42) for b in budgets
-    ]
     perplexities = [json.loads((b / "all_results.json").read_text())["eval_perplexity"] for b in (branch, main_run)]
-    assert [row.loss for row in budget_rows([Run()], metric="eval_perplexity")] == perplexities
+    assert [b.eval_loss for b in read_budgets(main_run, metric="eval_perplexity")] == perplexities
 
 
 def copy_of(run: Path, destination: Path, keep: list[str]) -> Path:

@@ -22,13 +22,14 @@ import pytest
 from scipy import stats
 
 from scalevec.configuration_scalevec import ScaleVecConfig
+from scalevec.convert.meta_model import active_parameters, num_parameters
 from scalevec.data.held_out import evaluation_halves
 from scalevec.train import ablate
 from scalevec.train.presets import MODEL_SIZES, size_fields
 from scalevec.train.study.claims import LOWEST, SCALING, claim_verdicts, claims_markdown
 from scalevec.train.study.grid import Grid, build_sizes
 from scalevec.train.study.intervals import holm, paired_interval
-from scalevec.train.study.records import DIVERGED, FINISHED, MISSING, RunRecord, parameter_counts
+from scalevec.train.study.records import DIVERGED, FINISHED, MISSING, RunRecord
 from scalevec.train.study.report import write_report
 from scalevec.train.study.scaling import scaling_fits
 from scalevec.train.study.summary import best_runs, summarise
@@ -479,10 +480,10 @@ def test_an_older_results_json_gives_no_records_and_a_foreign_entry_is_refused(t
 def test_active_parameters_count_the_experts_a_token_uses():
     """2 layers of 4 experts, 2 a token: half of each layer's expert tensors (weights and their scales) are idle."""
     moe = ScaleVecConfig(**size_fields("2x64", base="tiny-moe"))
-    total, active = parameter_counts(moe)
+    total, active = num_parameters(moe), active_parameters(moe)
     # a layer's experts: gate_up 4 x 128 x 64, down 4 x 64 x 64, and their scales (4 x (2 + 128 + 2 + 128 + 1 + 64))
     per_layer = 4 * 128 * 64 + 4 * 64 * 64 + 4 * (2 + 128 + 2 + 128 + 1 + 64)
     assert (moe.num_experts, moe.num_experts_per_tok, moe.num_hidden_layers) == (4, 2, 2)
     assert total - active == 2 * per_layer // 2
     dense = ScaleVecConfig(**size_fields("2x64"))
-    assert parameter_counts(dense)[0] == parameter_counts(dense)[1] > 0
+    assert num_parameters(dense) == active_parameters(dense) > 0

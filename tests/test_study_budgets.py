@@ -12,9 +12,9 @@ from scalevec.train.study.budgets import (
     FITTED,
     NOT_TESTED,
     BudgetRow,
-    describe,
     fit_surface,
     fit_surfaces,
+    fits_markdown,
     loss_table,
     markdown_table,
 )
@@ -62,7 +62,7 @@ def test_the_bootstrap_intervals_over_seeds_hold_the_true_exponents():
     for name in ("alpha", "beta"):
         low, high = fit.intervals[name]
         assert high - low < 0.15 and not low < TRUTH[name] + 0.1 < high and not low < TRUTH[name] - 0.1 < high
-    text = describe({"unified": fit})
+    text = fits_markdown({"unified": fit})
     alpha_low, alpha_high = fit.intervals["alpha"]
     assert f"α = {fit.estimates['alpha']:.4g} [{alpha_low:.4g}, {alpha_high:.4g}]" in text
     assert "75 points, 5 sizes, 5 seeds" in text and "100 resamples" in text
@@ -89,7 +89,7 @@ def test_an_irreducible_loss_at_the_bound_of_the_search_is_named():
     fit = fit_surface(ladder(seeds=[0], truth={**TRUTH, "E": 0.0}))
     assert fit.at_bound == ["E"] and fit.estimates["E"] == pytest.approx(1e-3)
     assert fit.estimates["alpha"] == pytest.approx(TRUTH["alpha"], abs=0.01)
-    text = describe({"unified": fit})
+    text = fits_markdown({"unified": fit})
     assert "E = 0.001; A = " in text and "at a bound of the search, without an interval: E" in text
 
 
@@ -100,7 +100,7 @@ def test_a_term_the_fit_drops_is_named():
     assert fit_surface(ladder(seeds=[0])).vanished == []
     fit = fit_surface(ladder(seeds=[0], truth={**TRUTH, "A": 0.0, "E": 0.0}))
     assert fit.vanished == ["N"] and fit.estimates["beta"] == pytest.approx(TRUTH["beta"], abs=0.01)
-    text = describe({"unified": fit})
+    text = fits_markdown({"unified": fit})
     assert "the N term is below 0.0001 nats at every point: its A and α are not measured" in text
     assert (
         "**unified**: E = 0.001; B = " in text and "A =" not in text and "α =" not in text
@@ -118,7 +118,7 @@ def test_fewer_than_four_sizes_of_three_budgets_is_not_tested(sizes, fractions, 
     fit = fit_surface(ladder(sizes=sizes, fractions=fractions))
     assert fit.status == NOT_TESTED and fit.estimates == {}
     assert fit.reason == f"needs 4 sizes with 3 budgets or more each; {expected}"
-    assert f"- **unified**: not tested ({fit.reason})" in describe({"unified": fit})
+    assert f"- **unified**: not tested ({fit.reason})" in fits_markdown({"unified": fit})
 
 
 def test_fits_are_per_variant_and_one_variant_at_a_time():

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 from scalevec.train import ablate
-from scalevec.train.study.budgets import FITTED, SurfaceFit, describe
+from scalevec.train.study.budgets import FITTED, SurfaceFit, fits_markdown
 from scalevec.train.study.claims import (
     DEFAULT_THRESHOLDS,
     LOWEST,
@@ -198,6 +198,6 @@ def test_a_seed_bootstrap_over_fewer_than_5_seeds_is_descriptive(tmp_path):
     estimates = {"E": 2.0, "A": 40.0, "alpha": 0.3, "B": 100.0, "beta": 0.3}
     fit = SurfaceFit("unified", FITTED, estimates=estimates, intervals={k: (v, v) for k, v in estimates.items()})
     fit.points, fit.sizes, fit.seeds, fit.resamples, fit.rms_log_residual = 60, 4, 3, 200, 1e-3
-    assert "Over 3 seeds these intervals are descriptive" in describe({"unified": fit})
+    assert "Over 3 seeds these intervals are descriptive" in fits_markdown({"unified": fit})
     fit.seeds = 5
-    assert "descriptive" not in describe({"unified": fit})
+    assert "descriptive" not in fits_markdown({"unified": fit})

@@ -22,7 +22,7 @@ from scalevec.convert import OutputOptions, export_checkpoint
 from scalevec.convert.card import card_writer
 from scalevec.run_records import RUN_CLOCK, duration_text
 from scalevec.train.cli import main
-from scalevec.train.resume import inspect_checkpoint
+from scalevec.train.resume import checkpoint_content
 from scalevec.train.run_lock import LOCK_NAME, holding_output_dir
 
 from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, mounted_tmpfs, record_fsyncs, train_argv
@@ -186,7 +186,7 @@ def test_a_run_killed_during_a_save_resumes_as_if_never_stopped(straight, tmp_pa
     process.kill()
     process.communicate()
     assert process.returncode == -signal.SIGKILL
-    left = [inspect_checkpoint(folder) for folder in output.glob("checkpoint-*")]
+    left = [checkpoint_content(folder) for folder in output.glob("checkpoint-*")]
     assert all(checkpoint.complete for checkpoint in left), [c.problem() for c in left]
     restarted = start_training(output, "--resume", "true")
     _, err = restarted.communicate(timeout=300)

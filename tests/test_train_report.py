@@ -57,11 +57,12 @@ def test_the_plan_states_model_tokens_data_and_device(run):
     model = ScaleVecForCausalLM.from_pretrained(output)
     total = sum(p.numel() for p in model.parameters())
     embeddings = model.get_input_embeddings().weight.numel() + model.get_output_embeddings().weight.numel()
-    assert f": {total:,} parameters, {total - embeddings:,} without embeddings," in plan
+    n = total - embeddings - model.num_scale_parameters()  # the study's N: the same for every scale strategy
+    assert f": {total:,} parameters, N = {n:,} non-embedding (no embedding, LM head or scale vector)," in plan
     assert "4 blocks × 32 tokens × 1 process × 1 accumulation step = 128 tokens per optimizer step" in plan
     assert f"6 steps = 768 tokens = {768 / total:.2f} tokens per parameter " in plan
     # Chinchilla's ratio counts all parameters; the study's grid counts non-embedding ones: the plan names both N.
-    assert f"({768 / (total - embeddings):.2f} per non-embedding parameter; Chinchilla's" in plan
+    assert f"({768 / n:.2f} per non-embedding parameter N; Chinchilla's" in plan
     record = json.loads((output / "training_data.json").read_text())
     source = record["sources"][0]
     assert f"data         {corpus_name()}: {source['documents']:,} documents, {source['tokens']:,} tokens" in plan

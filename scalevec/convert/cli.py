@@ -118,7 +118,7 @@ def output_options(args: argparse.Namespace) -> OutputOptions:
     )
 
 
-def report(result: ConversionResult) -> None:
+def print_result(result: ConversionResult) -> None:
     megabytes = result.total_bytes / 2**20
     print(f"wrote {result.destination} ({result.target}, {result.num_tensors} tensors, {megabytes:.1f} MiB)")
     print("files: " + ", ".join(result.files))
@@ -127,7 +127,7 @@ def report(result: ConversionResult) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     result = export_checkpoint(args.source, args.destination, args.to, output_options(args))
-    report(result)
+    print_result(result)
     if args.push_to_hub is None:
         return 0
     try:
@@ -141,7 +141,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_import(args: argparse.Namespace) -> int:
     strategy = Strategy(args.preset, **{name: getattr(args, name) for name in SCALE_FIELDS})
-    report(import_checkpoint(args.source, args.destination, strategy, output_options(args)))
+    print_result(import_checkpoint(args.source, args.destination, strategy, output_options(args)))
     return 0
 
 

@@ -11,7 +11,7 @@ from ..configuration_scalevec import SCALE_FIELDS
 from ..scale_sites import scale_site, vector_statistics
 from .checkpoint import count_nonfinite
 from .meta_model import scale_parameters
-from .pipeline import Source, open_source
+from .pipeline import CheckedSource, open_source
 from .scales import pop_vector
 
 ARCHITECTURE_FIELDS = (
@@ -55,7 +55,7 @@ def inspect_checkpoint(path: str | Path) -> dict:
     }
 
 
-def _nonfinite(source: Source) -> dict[str, int]:
+def _nonfinite(source: CheckedSource) -> dict[str, int]:
     """The number of NaN and infinite values of every tensor that holds any, read a unit at a time."""
     counts = {}
     for names in source.units.values():
@@ -78,7 +78,7 @@ def _module(parameter_name: str) -> str:
     return parameter_name.rpartition(".")[0]
 
 
-def _statistics(source: Source, site: str, role: str, names: list[str]) -> dict:
+def _statistics(source: CheckedSource, site: str, role: str, names: list[str]) -> dict:
     tensors = source.checkpoint.read(names)
     vectors = [pop_vector(tensors, module) for module in sorted({_module(name) for name in names})]
     return {

@@ -9,7 +9,7 @@ import torch
 from .. import modeling_scalevec
 from ..configuration_scalevec import ScaleVecConfig
 from .heads import CAUSAL_LM, Head
-from .layout import LM_HEAD
+from .layout import EMBEDDINGS, LM_HEAD
 
 Tensors = dict[str, torch.Tensor]
 
@@ -32,6 +32,27 @@ def scale_parameters(config: ScaleVecConfig) -> dict[str, int]:
     head, which holds none."""
     state, roles = _meta_state(_config_key(config), CAUSAL_LM.suffix)
     return {role: sum(state[name].numel() for name in names) for role, names in roles.items()}
+
+
+def non_embedding_parameters(config: ScaleVecConfig) -> int:
+    """N of the scaling laws: the parameters of a causal LM of `config` other than the embedding, the LM head and the
+    scale vectors, so the same for every scale strategy (and vocabulary) of one size. The one count that the
+    training plan and a study's grid give."""
+    unscaled = {"scale_preset": "none", "norm_scale": None, "linear_scale": None, "scale_param": None, "folded": False}
+    bare = ScaleVecConfig.from_dict({**config.to_dict(), **unscaled, "vocab_size": 2})
+    state, roles = meta_state(bare)
+    scales = {name for names in roles.values() for name in names}
+    return sum(t.numel() for name, t in state.items() if name not in (EMBEDDINGS, LM_HEAD) and name not in scales)
+
+
+def active_parameters(config: ScaleVecConfig) -> int:
+    """The parameters of a causal LM of `config` that one token uses: a MoE layer's token uses `num_experts_per_tok`
+    of its `num_experts` routed experts, so only that share of the experts' parameters is active."""
+    state, _ = meta_state(config)
+    total = num_parameters(config)
+    experts = sum(t.numel() for name, t in state.items() if ".mlp.experts." in name)
+    routed, used = getattr(config, "num_experts", 0) or 0, getattr(config, "num_experts_per_tok", 0) or 0
+    return total - (experts * (routed - used) // routed if routed else 0)
 
 
 def _config_key(config: ScaleVecConfig) -> str:

@@ -60,7 +60,7 @@ BeforeCommit = Callable[[Path, ConversionResult], None]
 
 
 @dataclass(frozen=True)
-class Source:
+class CheckedSource:
     """A source checkpoint whose tensors were checked against its config: exactly the names and shapes it needs."""
 
     checkpoint: Checkpoint
@@ -71,7 +71,7 @@ class Source:
     units: dict[str, list[str]]  # its tensor names on disk, by unit, in reading order
 
 
-def open_source(path: str | Path) -> Source:
+def open_source(path: str | Path) -> CheckedSource:
     """The checkpoint at `path`, refused (`CheckpointError`) unless its tensors are what its config describes."""
     checkpoint = Checkpoint(path)
     fmt = format_of(checkpoint.model_type)
@@ -83,7 +83,7 @@ def open_source(path: str | Path) -> Source:
     # Some writers store a tied LM head anyway.
     ignored = [LM_HEAD] if head is CAUSAL_LM and config.tie_word_embeddings else []
     checkpoint.check_tensors(expected, f"its config ({fmt.name})", ignored)
-    return Source(
+    return CheckedSource(
         checkpoint=checkpoint,
         format=fmt,
         head=head,
@@ -97,7 +97,7 @@ def open_source(path: str | Path) -> Source:
 class _Job:
     """Everything decided before anything is written."""
 
-    source: Source
+    source: CheckedSource
     output_config: ScaleVecConfig
     target: Format
     output_units: dict[str, Tensors]  # the output's meta tensors by unit, with ScaleVec names
@@ -161,7 +161,7 @@ def _prepare(source: str | Path, target: Format, output_config_of: Callable[[Sca
     )
 
 
-def _check_target(target: Format, source: Source, output_config: ScaleVecConfig) -> None:
+def _check_target(target: Format, source: CheckedSource, output_config: ScaleVecConfig) -> None:
     """Refuse (`TargetError`) a target format that cannot express the output model, head included."""
     head = source.head
     if target.architecture(head) is None:

@@ -47,7 +47,7 @@ from ..data.held_out import set_names
 from ..quantization import parse_schemes
 from ..run_records import TASK_FIGURES, TASKS_MEAN, TRAINING_DATA, finished_step, read_json
 from ..shards import parse_shard
-from .branches import decay_fractions, plan_budgets, unfinished_budgets
+from .branches import Budget, decay_fractions, plan_budgets, unfinished_budgets
 from .cli import ModelArguments, check_output_dir, config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS, SIZE_RULE
 from .report import tokens_per_step
@@ -300,9 +300,8 @@ def run_ablation(
     grid = study_grid(
         ablation, model_args, data_args, training_args, {**({root / RESULTS: own} if own else {}), **merged_results}
     )
+    budgets = {size.name: plan_budgets(training_args, size.max_steps) for size in grid.sizes}  # checked up front
     if not ablation.report_only:
-        for size in grid.sizes:  # --decay-at's budgets of every size, checked before anything trains
-            plan_budgets(training_args, size.max_steps)
         steps = [size.max_steps for size in grid.sizes if size.max_steps > 0]
         if training_args.logging_steps >= 1 and steps and min(steps) < training_args.logging_steps:
             raise ValueError("--logging-steps exceeds --max-steps: no training loss would be logged to compare")
@@ -325,7 +324,7 @@ def run_ablation(
     index, count = ablation.shard_index()
     share = grid.shard(index, count)
     recorded = {r.key: r for r in records}
-    done = [p for p in share if _done(grid, p, root, recorded, training_args)]
+    done = [p for p in share if _done(p, root, recorded, budgets[p.size])]
     todo = [] if ablation.report_only else [p for p in share if not (model_args.resume and p in done)]
     for point in todo:  # before anything trains: a folder of the grid that holds files needs --resume
         check_output_dir(point.folder(root), model_args.resume)
@@ -338,9 +337,9 @@ def run_ablation(
         )
     main_process = training_args.process_index == 0
     if main_process:
-        print(plan(grid, (index, count), len(done), len(todo), ablation.report_only), flush=True)
+        print(study_plan(grid, (index, count), len(done), len(todo), ablation.report_only), flush=True)
     for number, point in enumerate(todo, 1):
-        _train(point, grid, model_args, data_args, training_args)
+        _train(point, grid, model_args, data_args, training_args, budgets[point.size])
         if main_process:
             _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
             records = study_records(grid, root, merged)
@@ -452,7 +451,7 @@ def kept_records(records: list[RunRecord], root: Path, merged: dict[tuple, RunRe
     return [record for key, record in recorded_runs(root, merged).items() if key not in written]
 
 
-def plan(grid: Grid, shard: tuple[int, int], done: int, todo: int, report_only: bool) -> str:
+def study_plan(grid: Grid, shard: tuple[int, int], done: int, todo: int, report_only: bool) -> str:
     """What the call will train: the grid, each size's length of run, this process's share."""
     lines = [
         f"[ablation] grid: {grid.describe()}: variants {', '.join(grid.variants)}; learning rates "
@@ -482,6 +481,7 @@ def _train(
     model_args: ModelArguments,
     data_args: DataArguments,
     training_args: ScaleVecTrainingArguments,
+    budgets: list[Budget],
 ) -> None:
     size, variant = grid.size(point.size), VARIANTS[point.variant]
     folder = point.folder(Path(training_args.output_dir))
@@ -503,7 +503,7 @@ def _train(
             return
         except NonFiniteLossError as error:  # a result, not a crash: the shard goes on
             # the run finished: a branch's cooldown diverged (`branch_runs` trains the first unfinished budget first)
-            branch = unfinished_budgets(folder, args)[0] if finished_step(folder, args.max_steps) else None
+            branch = unfinished_budgets(folder, budgets)[0] if finished_step(folder, args.max_steps) else None
             if training_args.process_index == 0:
                 where = folder if branch is None else branch.folder(folder)
                 record_diverged(where, error.step, error.learning_rate, str(error))
@@ -513,20 +513,15 @@ def _train(
             model = replace(model, resume=True)
 
 
-def _done(
-    grid: Grid,
-    point: GridPoint,
-    root: Path,
-    recorded: dict[tuple, RunRecord],
-    training_args: ScaleVecTrainingArguments,
-) -> bool:
-    """Whether `point` diverged, or finished with every budget --decay-at branches from it, in its run folder or in
-    the records (`recorded`, by key: the study's records of runs and budgets)."""
+def _done(point: GridPoint, root: Path, recorded: dict[tuple, RunRecord], budgets: list[Budget]) -> bool:
+    """Whether `point` diverged, or finished with every budget of `budgets` (those --decay-at branches from its
+    size's runs), in its run folder or in the records (`recorded`, by key: the study's records of runs and
+    budgets)."""
     status = recorded[(*astuple(point), None)].status
     if status != FINISHED:
         return status == DIVERGED
-    budgets = unfinished_budgets(point.folder(root), training_args, grid.size(point.size).max_steps)
-    return all((*astuple(point), budget.fraction) in recorded for budget in budgets)  # branch records: never missing
+    unfinished = unfinished_budgets(point.folder(root), budgets)
+    return all((*astuple(point), b.fraction) in recorded for b in unfinished)  # branch records: never missing
 
 
 ABLATE_ARGUMENTS = (AblationArguments, ModelArguments, DataArguments, ScaleVecTrainingArguments)

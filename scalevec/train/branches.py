@@ -21,13 +21,12 @@ from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SchedulerType
 
 from ..atomic import commit_folder, writes_into
-from ..run_records import finished_step
-from .resume import inspect_checkpoint
+from ..run_records import BRANCH_PREFIX, finished_step
+from .resume import checkpoint_content
 from .study.records import DIVERGED_FILE
 from .trainer import STAGING_SUFFIX
 
 FLAG = "--decay-at"
-BRANCH_PREFIX = "budget-"
 _SCHEDULER = SchedulerType.WARMUP_STABLE_DECAY
 
 
@@ -122,13 +121,13 @@ def _decay_steps(value, steps: int):
     return round(value * steps) if isinstance(value, float) and 0 < value < 1 else value
 
 
-def unfinished_budgets(output_dir: str | Path, args: TrainingArguments, max_steps: int | None = None) -> list[Budget]:
-    """The budgets of a run of `args` in `output_dir` whose branch has neither finished nor diverged (all of them
-    before it ran). A cooldown that diverged is that budget's result, as `DIVERGED_FILE` in its folder records it
-    (`scalevec-ablate`): its main run stays finished."""
+def unfinished_budgets(output_dir: str | Path, budgets: list[Budget]) -> list[Budget]:
+    """The `budgets` (`plan_budgets`') of the run in `output_dir` whose branch has neither finished nor diverged (all
+    of them before it ran). A cooldown that diverged is that budget's result, as `DIVERGED_FILE` in its folder
+    records it (`scalevec-ablate`): its main run stays finished."""
     return [
         b
-        for b in plan_budgets(args, max_steps)
+        for b in budgets
         if finished_step(b.folder(output_dir), b.max_steps) is None
         and not (b.folder(output_dir) / DIVERGED_FILE).is_file()
     ]
@@ -149,10 +148,10 @@ def branch_arguments(args: TrainingArguments, budget: Budget) -> TrainingArgumen
     )
 
 
-def branch_runs(args: TrainingArguments) -> Iterator[TrainingArguments]:
-    """After the main run of `args`: the arguments of each branch to train (with --resume, from its folder's
-    newest checkpoint), each checked when its turn comes; finished branches are skipped."""
-    for budget in unfinished_budgets(args.output_dir, args):
+def branch_runs(args: TrainingArguments, budgets: list[Budget]) -> Iterator[TrainingArguments]:
+    """After the main run of `args`: the arguments of each branch of `budgets` to train (with --resume, from its
+    folder's newest checkpoint), each checked when its turn comes; finished branches are skipped."""
+    for budget in unfinished_budgets(args.output_dir, budgets):
         folder = budget.folder(args.output_dir)
         if not any(folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*")):
             raise ValueError(
@@ -164,14 +163,14 @@ def branch_runs(args: TrainingArguments) -> Iterator[TrainingArguments]:
         yield branch_arguments(args, budget)
 
 
-def restore_branch_points(args: TrainingArguments) -> None:
-    """Link the main run's branch-point checkpoints into the folders of branches that lack one: a run killed
-    between saving such a checkpoint and linking it resumes after it, and would not save it again."""
-    for budget in unfinished_budgets(args.output_dir, args):
-        folder, checkpoint = budget.folder(args.output_dir), _checkpoint(args.output_dir, budget)
+def restore_branch_points(output_dir: str | Path, budgets: list[Budget]) -> None:
+    """Link the main run's branch-point checkpoints into the folders of branches (of `budgets`) that lack one: a run
+    killed between saving such a checkpoint and linking it resumes after it, and would not save it again."""
+    for budget in unfinished_budgets(output_dir, budgets):
+        folder, checkpoint = budget.folder(output_dir), _checkpoint(output_dir, budget)
         if any(folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*")):
             continue
-        if checkpoint.is_dir() and inspect_checkpoint(checkpoint).complete:
+        if checkpoint.is_dir() and checkpoint_content(checkpoint).complete:
             link_checkpoint(checkpoint, folder)
 
 
@@ -197,9 +196,9 @@ class BranchPoints(TrainerCallback):
                 link_checkpoint(_checkpoint(args.output_dir, budget), budget.folder(args.output_dir))
 
 
-def add_branch_points(trainer, args: TrainingArguments) -> None:
-    """Give the main run's `trainer` the saves its branches start from (nothing without --decay-at)."""
-    if budgets := plan_budgets(args):
+def add_branch_points(trainer, budgets: list[Budget]) -> None:
+    """Give the main run's `trainer` the saves its branches of `budgets` start from (nothing without --decay-at)."""
+    if budgets:
         trainer.add_callback(BranchPoints(budgets))
 
 
@@ -229,14 +228,13 @@ def _checkpoint(output_dir: str | Path, budget: Budget) -> Path:
     return Path(output_dir) / _name(budget)
 
 
-def describe_budgets(args: TrainingArguments) -> str | None:
-    """One line for the run's plan: the budgets and what each branch costs."""
-    budgets = plan_budgets(args)
+def describe_budgets(budgets: list[Budget], max_steps: int) -> str | None:
+    """One line for the plan of a run of `max_steps`: its `budgets` and what each branch costs."""
     if not budgets:
         return None
     parts = [f"{b.fraction:g} ({b.max_steps} steps, cooldown from step {b.branch_step})" for b in budgets]
     cooldown = sum(b.decay_steps for b in budgets)
     return (
-        f"scalevec-train: budgets {', '.join(parts)} and 1 ({args.max_steps} steps): the branches cost "
-        f"{cooldown} steps ({cooldown / args.max_steps:.0%} of the main run)"
+        f"scalevec-train: budgets {', '.join(parts)} and 1 ({max_steps} steps): the branches cost "
+        f"{cooldown} steps ({cooldown / max_steps:.0%} of the main run)"
     )

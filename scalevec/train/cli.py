@@ -35,6 +35,7 @@ from ..evaluate import check_model_source
 from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, finished_step, logged_entries
 from .branches import (
+    Budget,
     add_branch_points,
     branch_runs,
     describe_budgets,
@@ -44,7 +45,7 @@ from .branches import (
 )
 from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES, SIZE_RULE, size_fields
-from .report import PaceCallback, describe_summary, plan, summary
+from .report import PaceCallback, describe_summary, summary, training_plan
 from .resume import (
     CheckpointContent,
     check_explicit_checkpoint,
@@ -162,12 +163,12 @@ def train(
     --decay-at, each smaller budget then trains its cooldown in a folder of its own (`branches.py`)."""
     output_dir = Path(training_args.output_dir)
     training_args = resolve_decay_fraction(training_args)
-    plan_budgets(training_args)  # refuses --decay-at values before anything is written
+    budgets = plan_budgets(training_args)  # refuses --decay-at values before anything is written
     with removed_if_left_empty(output_dir), holding_output_dir(output_dir, training_args.process_index == 0):
         if model_args.resume and training_args.process_index == 0:
-            restore_branch_points(training_args)
-        result = _train(model_args, data_args, training_args, lora_args or LoraArguments())
-        for branch_args in branch_runs(training_args):
+            restore_branch_points(output_dir, budgets)
+        result = _train(model_args, data_args, training_args, lora_args or LoraArguments(), budgets)
+        for branch_args in branch_runs(training_args, budgets):
             train(replace(model_args, resume=True), data_args, branch_args, lora_args)
         return result
 
@@ -177,6 +178,7 @@ def _train(
     data_args: DataArguments,
     training_args: ScaleVecTrainingArguments,
     lora_args: LoraArguments,
+    budgets: list[Budget],
 ):
     output_dir = Path(training_args.output_dir)
     check_output_dir(output_dir, model_args.resume or training_args.resume_from_checkpoint)
@@ -231,11 +233,11 @@ def _train(
         seq_len=data.seq_len,
         tasks=tasks,
     )
-    add_branch_points(trainer, training_args)
+    add_branch_points(trainer, budgets)
     if training_args.should_log:
-        print(plan(trainer.model, training_args, data, tasks, tokenizer), flush=True)
-        if budgets := describe_budgets(training_args):
-            print(budgets, flush=True)
+        print(training_plan(trainer.model, training_args, data, tasks, tokenizer), flush=True)
+        if line := describe_budgets(budgets, training_args.max_steps):
+            print(line, flush=True)
         trainer.add_callback(PaceCallback())
     metrics = _run(trainer, checkpoint)
     if data.eval is not None:

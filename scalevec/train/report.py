@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from ..convert.meta_model import non_embedding_parameters
 from ..data import TrainingData
 from ..data.held_out import EVALUATION_HALVES
 from ..run_records import (
@@ -64,17 +65,6 @@ def planned_steps(args, data: TrainingData) -> int:
     return math.ceil(batches / args.gradient_accumulation_steps) * math.ceil(args.num_train_epochs)
 
 
-def parameter_counts(model: torch.nn.Module) -> tuple[int, int, int]:
-    """(all parameters, without the embedding and LM head, in scale vectors) of a ScaleVec model (LoRA: its base)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    total = sum(p.numel() for p in base.parameters())
-    embeddings = {
-        id(p) for module in (base.get_input_embeddings(), base.get_output_embeddings()) for p in module.parameters()
-    }
-    without = total - sum(p.numel() for p in base.parameters() if id(p) in embeddings)
-    return total, without, base.num_scale_parameters()
-
-
 def _count(number: int, noun: str) -> str:
     return f"{number:,} {noun}" if number == 1 else f"{number:,} {noun}{'es' if noun.endswith('s') else 's'}"
 
@@ -91,22 +81,23 @@ def _data_line(source: dict) -> str:
     return line
 
 
-def plan(model: torch.nn.Module, args, data: TrainingData, tasks: Sequence[Task] = (), tokenizer=None) -> str:
+def training_plan(model: torch.nn.Module, args, data: TrainingData, tasks: Sequence[Task] = (), tokenizer=None) -> str:
     """The start-of-run block (with `tasks`, what scoring them costs, their requests tokenised by `tokenizer`)."""
-    total, without_embeddings, scales = parameter_counts(model)
-    config = getattr(model, "get_base_model", lambda: model)().config
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # LoRA: its base model
+    config, total, scales = base.config, sum(p.numel() for p in base.parameters()), base.num_scale_parameters()
+    n = non_embedding_parameters(config)  # the study's N
     per_step, steps = tokens_per_step(args, data.seq_len), planned_steps(args, data)
     tokens = steps * per_step
     kind = f"MoE, {config.num_experts} experts, top-{config.num_experts_per_tok}" if config.num_experts else "dense"
     strategy = f"{config.scale_preset} ({config.norm_scale} / {config.linear_scale} / {config.scale_param})"
     lines = [
-        f"model        ScaleVec {strategy}, {kind}: {total:,} parameters, {without_embeddings:,} without "
-        f"embeddings, {scales:,} in scale vectors ({100 * scales / total:.2f} %)",
+        f"model        ScaleVec {strategy}, {kind}: {total:,} parameters, N = {n:,} non-embedding "
+        f"(no embedding, LM head or scale vector), {scales:,} in scale vectors ({100 * scales / total:.2f} %)",
         f"batch        {_count(args.per_device_train_batch_size, 'block')} × {data.seq_len} tokens × "
         f"{_count(args.world_size, 'process')} × {_count(args.gradient_accumulation_steps, 'accumulation step')} = "
         f"{per_step:,} tokens per optimizer step",
         f"length       {steps:,} steps = {tokens:,} tokens = {tokens / total:.2f} tokens per parameter "
-        f"({tokens / without_embeddings:.2f} per non-embedding parameter; Chinchilla's compute-optimal ratio, about "
+        f"({tokens / n:.2f} per non-embedding parameter N; Chinchilla's compute-optimal ratio, about "
         "20, counts all parameters)",
     ]
     lines += [f"data         {_data_line(source)}" for source in data.record["sources"]]

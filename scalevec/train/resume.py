@@ -67,7 +67,7 @@ class CheckpointContent:
         return self.broken or f"{' and '.join(self.missing)} missing"
 
 
-def inspect_checkpoint(folder: Path) -> CheckpointContent:
+def checkpoint_content(folder: Path) -> CheckpointContent:
     content = CheckpointContent(folder)
     try:
         state = _read_state(folder / TRAINER_STATE_NAME)
@@ -135,7 +135,7 @@ def checkpoints_newest_first(output_dir: Path) -> list[CheckpointContent]:
     folders.sort(key=lambda path: int(_CHECKPOINT.match(path.name).group(1)), reverse=True)
     for folder in folders:
         _refuse_if_foreign(folder)
-    return [inspect_checkpoint(folder) for folder in folders]
+    return [checkpoint_content(folder) for folder in folders]
 
 
 def refuse_without_state(checkpoint: CheckpointContent) -> None:
@@ -149,7 +149,7 @@ def refuse_without_state(checkpoint: CheckpointContent) -> None:
 
 def check_explicit_checkpoint(folder: Path, weights_only: bool) -> CheckpointContent:
     """`--resume-from-checkpoint DIR`: that checkpoint, or a clear refusal."""
-    checkpoint = inspect_checkpoint(folder)
+    checkpoint = checkpoint_content(folder)
     if checkpoint.broken:
         raise ValueError(f"--resume-from-checkpoint {folder}: cannot resume from it ({checkpoint.broken})")
     if checkpoint.missing and not weights_only:

@@ -1,35 +1,30 @@
 """Loss against tokens: the budgets that `--decay-at` branches from each run, a table of them per size, and a fit
 of L(N, D) = E + A·N^-α + B·D^-β over sizes and budgets, with bootstrap intervals.
 
-The fit is Chinchilla's approach 3 as Besiroglu et al. (2024) redid it: log L is fitted by
-LSE(a - α·log N, b - β·log D, e) (A = e^a, B = e^b, E = e^e) with a Huber loss (δ = 1e-3) on the residuals of log L,
-by L-BFGS-B from the best starts of a grid, every run a point. Its intervals resample seeds, not points: a seed's
+The fit is the study's one Huber fit of log L (`huber.py`), every run at every budget a point, E searched from 1e-3
+to e^5. Its intervals resample seeds, not points: a seed's
 runs share their data order and initial weights, so its points are not independent. With fewer than 4 sizes of 3
 budgets each the fit is "not tested"; with fewer than 3 seeds it has no interval. Pure functions over `BudgetRow`s,
-apart from `read_budgets` and `budget_rows`, which read them from run folders."""
+apart from `read_budgets`, which reads a run folder's budgets."""
 
 import math
 import statistics
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ...run_records import finished_step, read_run_records
+from ...run_records import BRANCH_PREFIX, finished_step, read_run_records
+from .huber import PowerLawData, estimates, fit_power_laws, log_residuals, on_bound, search_bounds
 from .intervals import MIN_BOOTSTRAP_SEEDS, bootstrap_caveat
 
 MIN_SIZES, MIN_BUDGETS = 4, 3  # sizes with at least MIN_BUDGETS budgets each
 MIN_SEEDS_FOR_INTERVALS = 3
 VANISHED = 1e-4  # nats: a term smaller at every point is reported as dropped by the fit
-HUBER_DELTA = 1e-3
 RESAMPLES = 200
 FITTED, NOT_TESTED = "fitted", "not tested"
 PARAMETERS = ("E", "A", "alpha", "B", "beta")
-# The search's bounds on (a, alpha, b, beta, e) (E from 1e-3 to e^5); a fit that ends on one is reported.
-_BOUNDS = ((None, None), (0.0, 3.0), (None, None), (0.0, 3.0), (math.log(1e-3), 5.0))
-_GRID = (0.05, 0.15, 0.3, 0.5, 0.8, 1.2)  # starts of α and β
-_STARTS = 4  # grid starts refined on all the data (the best of the grid by the Huber loss)
+_FLOOR = (1e-3, math.exp(5.0))  # the search's bounds on E; a fit that ends on one of its bounds is reported
 
 
 @dataclass(frozen=True)
@@ -59,8 +54,6 @@ def read_budgets(run_folder: str | Path, metric: str = "eval_loss") -> list[Budg
     """The finished budgets of the run in `run_folder`, fewest tokens first: each finished `budget-F` branch and
     the run itself (fraction 1) where it finished; tokens as the run counted them, the final eval metric `metric`
     (e.g. the loss on the held-out half the report uses; None where it was not evaluated)."""
-    from ..branches import BRANCH_PREFIX  # here, not above: a report written from records needs no Trainer
-
     run_folder = Path(run_folder)
     folders = [(1.0, run_folder)]
     for branch in run_folder.glob(f"{BRANCH_PREFIX}*"):
@@ -76,28 +69,6 @@ def read_budgets(run_folder: str | Path, metric: str = "eval_loss") -> list[Budg
         tokens = int((records.summary or {}).get("tokens_seen") or records.state.get("num_input_tokens_seen", 0))
         budgets.append(BudgetRecord(fraction, tokens, records.eval_metrics.get(metric), str(folder)))
     return sorted(budgets, key=lambda budget: budget.tokens)
-
-
-def budget_rows(runs: Iterable, metric: str = "eval_loss") -> list[BudgetRow]:
-    """The rows of every finished budget of `runs` (the study's `RunRecord`s: `variant`, `size`, `seed`,
-    `non_embedding_parameters`, `output_dir`) whose eval metric `metric` is finite. Pass the runs at each size's
-    and variant's selected learning rate."""
-    rows = []
-    for run in runs:
-        for budget in read_budgets(run.output_dir, metric):
-            if budget.eval_loss is not None and math.isfinite(budget.eval_loss):
-                rows.append(
-                    BudgetRow(
-                        run.variant,
-                        run.size,
-                        run.non_embedding_parameters,
-                        budget.tokens,
-                        run.seed,
-                        budget.eval_loss,
-                        budget.fraction,
-                    )
-                )
-    return rows
 
 
 # --- loss against tokens ----------------------------------------------------------------------------------------
@@ -211,18 +182,18 @@ def fit_surface(rows: list[BudgetRow], resamples: int = RESAMPLES, seed: int = 0
             f"needs {MIN_SIZES} sizes with {MIN_BUDGETS} budgets or more each; has {len(enough)} "
             f"(budgets per size: {shape})",
         )
-    data = _Data.of(rows)
-    theta = _best_fit(data, _grid_starts(data, _STARTS))
-    fit = SurfaceFit(variant, FITTED, points=len(rows), sizes=len(budgets_per_size), seeds=len(data.seeds))
+    data, seeds = _data(rows), sorted({row.seed for row in rows})
+    theta = fit_power_laws(data, _FLOOR)
+    fit = SurfaceFit(variant, FITTED, points=len(rows), sizes=len(budgets_per_size), seeds=len(seeds))
     fit.estimates = _estimates(theta)
-    fit.at_bound = [name for name, value, bound in zip(_FITTED, theta, _BOUNDS) if _on_bound(value, bound)]
+    bounds = search_bounds(2, _FLOOR)
+    fit.at_bound = [name for name, value, bound in zip(_FITTED, theta, bounds) if on_bound(value, bound)]
     fit.vanished = _vanished_terms(fit.estimates, rows)
-    residuals = _log_prediction(_centered(theta, data), data)[0] - data.log_loss
-    fit.rms_log_residual = float(np.sqrt(np.mean(residuals**2)))
-    if len(data.seeds) < MIN_SEEDS_FOR_INTERVALS:
-        fit.reason = f"no intervals: {len(data.seeds)} seed(s), the bootstrap over seeds needs 3 or more"
+    fit.rms_log_residual = float(np.sqrt(np.mean(log_residuals(theta, data) ** 2)))
+    if len(seeds) < MIN_SEEDS_FOR_INTERVALS:
+        fit.reason = f"no intervals: {len(seeds)} seed(s), the bootstrap over seeds needs 3 or more"
         return fit
-    fit.intervals, fit.resamples = _bootstrap(rows, data.seeds, theta, resamples, seed), resamples
+    fit.intervals, fit.resamples = _bootstrap(rows, seeds, theta, resamples, seed), resamples
     return fit
 
 
@@ -234,7 +205,7 @@ def fit_surfaces(rows: list[BudgetRow], resamples: int = RESAMPLES, seed: int = 
     return {variant: fit_surface(group, resamples, seed) for variant, group in by_variant.items()}
 
 
-def describe(fits: dict[str, SurfaceFit]) -> str:
+def fits_markdown(fits: dict[str, SurfaceFit]) -> str:
     """The fits as markdown: per variant its estimates with their 95 % intervals, or why it was not tested."""
     resampled = min([fit.seeds for fit in fits.values() if fit.resamples], default=MIN_BOOTSTRAP_SEEDS)
     lines = [
@@ -306,103 +277,6 @@ def _interval_text(fit: SurfaceFit, name: str) -> str:
     return value
 
 
-@dataclass
-class _Data:
-    """The points, log N and log D about their means: a and α (b and β) are then nearly uncorrelated, and L-BFGS-B
-    converges in a few dozen steps instead of hundreds."""
-
-    log_n: np.ndarray  # centred
-    log_d: np.ndarray  # centred
-    log_loss: np.ndarray
-    centres: tuple[float, float]
-    seeds: list[int]
-
-    @classmethod
-    def of(cls, rows: list[BudgetRow]) -> "_Data":
-        log_n, log_d = np.log([r.non_embedding_parameters for r in rows]), np.log([r.tokens for r in rows])
-        centres = float(log_n.mean()), float(log_d.mean())
-        loss = np.log([row.loss for row in rows])
-        return cls(log_n - centres[0], log_d - centres[1], loss, centres, sorted({row.seed for row in rows}))
-
-
-def _centered(theta: np.ndarray, data: _Data) -> np.ndarray:
-    """(a, α, b, β, e) as the coordinates `_huber` takes: a and b at the centred log N and log D."""
-    a, alpha, b, beta, e = theta
-    return np.array([a - alpha * data.centres[0], alpha, b - beta * data.centres[1], beta, e])
-
-
-def _uncentered(phi: np.ndarray, data: _Data) -> np.ndarray:
-    a, alpha, b, beta, e = phi
-    return np.array([a + alpha * data.centres[0], alpha, b + beta * data.centres[1], beta, e])
-
-
-def _log_prediction(phi: np.ndarray, data: _Data) -> tuple[np.ndarray, np.ndarray]:
-    """log L̂ at each point and the softmax weights of its three terms (for the gradient), `phi` centred."""
-    a, alpha, b, beta, e = phi
-    terms = np.stack([a - alpha * data.log_n, b - beta * data.log_d, np.full_like(data.log_n, e)])
-    top = terms.max(axis=0)
-    weights = np.exp(terms - top)
-    total = weights.sum(axis=0)
-    return top + np.log(total), weights / total
-
-
-def _huber(phi: np.ndarray, data: _Data) -> tuple[float, np.ndarray]:
-    """The Huber loss of the log residuals (divided by δ, which changes no minimum) and its gradient in the
-    centred coordinates `phi`."""
-    prediction, weights = _log_prediction(phi, data)
-    residual = prediction - data.log_loss
-    small = np.abs(residual) <= HUBER_DELTA
-    loss = np.where(small, 0.5 * residual**2 / HUBER_DELTA, np.abs(residual) - 0.5 * HUBER_DELTA).sum()
-    slope = np.clip(residual / HUBER_DELTA, -1.0, 1.0)
-    gradient = np.array(
-        [
-            (slope * weights[0]).sum(),
-            -(slope * weights[0] * data.log_n).sum(),
-            (slope * weights[1]).sum(),
-            -(slope * weights[1] * data.log_d).sum(),
-            (slope * weights[2]).sum(),
-        ]
-    )
-    return float(loss), gradient
-
-
-def _grid_starts(data: _Data, count: int) -> list[np.ndarray]:
-    """The `count` best starts of a grid of α and β, each with the E, A and B of the least squares in L (not
-    negative) at those exponents."""
-    from scipy.optimize import nnls
-
-    loss = np.exp(data.log_loss)
-    starts = []
-    for alpha in _GRID:
-        for beta in _GRID:
-            design = np.stack([np.exp(-alpha * data.log_n), np.exp(-beta * data.log_d), np.ones_like(loss)], axis=1)
-            (coefficient_n, coefficient_d, floor), _ = nnls(design, loss)
-            floor = min(max(floor, 1e-3), float(loss.min()))
-            logs = [math.log(max(value, 1e-8)) for value in (coefficient_n, coefficient_d)]
-            starts.append(np.array([logs[0], alpha, logs[1], beta, math.log(floor)]))  # centred
-    starts.sort(key=lambda phi: _huber(phi, data)[0])
-    return [_uncentered(phi, data) for phi in starts[:count]]
-
-
-def _best_fit(data: _Data, starts: list[np.ndarray]) -> np.ndarray:
-    from scipy.optimize import minimize
-
-    best = None
-    for start in starts:
-        result = minimize(
-            _huber,
-            _centered(start, data),
-            args=(data,),
-            jac=True,
-            method="L-BFGS-B",
-            bounds=_BOUNDS,
-            options={"maxiter": 1000, "ftol": 1e-12, "gtol": 1e-8},
-        )
-        if best is None or result.fun < best.fun:
-            best = result
-    return _uncentered(best.x, data)
-
-
 def _bootstrap(
     rows: list[BudgetRow], seeds: list[int], theta: np.ndarray, resamples: int, seed: int
 ) -> dict[str, tuple[float, float]]:
@@ -413,8 +287,8 @@ def _bootstrap(
     samples = []
     for _ in range(resamples):
         drawn = generator.choice(seeds, size=len(seeds), replace=True)
-        data = _Data.of([row for s in drawn for row in by_seed[int(s)]])
-        samples.append(_estimates(_best_fit(data, [theta])))
+        data = _data([row for s in drawn for row in by_seed[int(s)]])
+        samples.append(_estimates(fit_power_laws(data, _FLOOR, theta)))
     return {
         name: (
             float(np.percentile([s[name] for s in samples], 2.5)),
@@ -424,11 +298,12 @@ def _bootstrap(
     }
 
 
+def _data(rows: list[BudgetRow]) -> PowerLawData:
+    return PowerLawData.of(
+        [[r.non_embedding_parameters for r in rows], [r.tokens for r in rows]], [r.loss for r in rows]
+    )
+
+
 def _estimates(theta: np.ndarray) -> dict[str, float]:
-    a, alpha, b, beta, e = (float(value) for value in theta)
-    return {"E": math.exp(e), "A": math.exp(a), "alpha": alpha, "B": math.exp(b), "beta": beta}
-
-
-def _on_bound(value: float, bound: tuple[float | None, float | None]) -> bool:
-    low, high = bound
-    return low is not None and (value - low < 1e-6 * (high - low) or high - value < 1e-6 * (high - low))
+    floor, ((a, alpha), (b, beta)) = estimates(theta)
+    return {"E": floor, "A": a, "alpha": alpha, "B": b, "beta": beta}

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...configuration_scalevec import ScaleVecConfig
-from ...convert.layout import EMBEDDINGS, LM_HEAD
-from ...convert.meta_model import meta_state
+from ...convert.meta_model import non_embedding_parameters
 from ..presets import MODEL_SIZES, SIZE_FIELDS, size_fields
 
 
@@ -66,20 +65,12 @@ def build_sizes(
             raise ValueError(f"--sizes: {error}") from None
         dimensions = {} if name in MODEL_SIZES else {key: fields[key] for key in SIZE_FIELDS if key in fields}
         fields.update(user)
-        n = non_embedding_parameters(fields)
+        n = non_embedding_parameters(ScaleVecConfig(**fields))
         steps = math.ceil(tokens_per_parameter * n / tokens_per_step) if tokens_per_parameter else max_steps
         overrides = json.dumps({**dimensions, **user}) if dimensions or user else None
         preset = name if name in MODEL_SIZES else base
         sizes.append(Size(name, preset, overrides, fields, n, steps, tokens_per_step))
     return sizes
-
-
-def non_embedding_parameters(fields: dict) -> int:
-    """Parameters of a model of `fields` other than the embedding, the LM head and the scale vectors (counted on the
-    meta device): N of the scaling laws, and the same whatever scale strategy a variant picks."""
-    state, roles = meta_state(ScaleVecConfig(**{**fields, "vocab_size": 2, "scale_preset": "none"}))
-    scales = {name for names in roles.values() for name in names}
-    return sum(t.numel() for name, t in state.items() if name not in (EMBEDDINGS, LM_HEAD) and name not in scales)
 
 
 @dataclass(frozen=True)

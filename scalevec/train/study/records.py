@@ -15,8 +15,9 @@ from pathlib import Path
 
 from ...atomic import write_text_atomically
 from ...configuration_scalevec import ScaleVecConfig
-from ...convert.meta_model import meta_state, num_parameters, scale_parameters
+from ...convert.meta_model import active_parameters, num_parameters, scale_parameters
 from ...run_records import (
+    BRANCH_PREFIX,
     TASK_FIGURES,
     TASKS_MEAN,
     TRAINER_STATE,
@@ -27,6 +28,7 @@ from ...run_records import (
     read_json,
     read_run_records,
 )
+from .budgets import read_budgets
 from .grid import Grid, GridPoint, Size
 
 FINISHED, DIVERGED, MISSING = "finished", "diverged", "missing"
@@ -166,9 +168,6 @@ def branch_records(grid: Grid, root: Path, recorded: dict[tuple, RunRecord] | No
     """A record for every finished budget that `--decay-at` branched from the grid's finished runs (`budget` its
     fraction; the run itself is the budget 1 and its record `grid_records`'), from the branch's folder, else from
     `recorded` (an earlier `results.json`'s records); in the grid's order, then the fewest tokens first."""
-    from ..branches import BRANCH_PREFIX
-    from .budgets import read_budgets  # reads run folders with the training code's helpers
-
     points = grid.points()
     order = {point: index for index, point in enumerate(points)}
     found = {key: r for key, r in (recorded or {}).items() if r.budget is not None and r.point in order}
@@ -209,18 +208,7 @@ def cooldown_seconds(branch: Path) -> float | None:
 def _counts(config_json: str) -> tuple[int, int, int]:
     """(total, active, scale-vector) parameters of a model of the config `config_json`."""
     config = ScaleVecConfig.from_dict(json.loads(config_json))
-    return (*parameter_counts(config), sum(scale_parameters(config).values()))
-
-
-def parameter_counts(config: ScaleVecConfig) -> tuple[int, int]:
-    """(total, active) parameters of a causal LM of `config`: a MoE layer's token uses `num_experts_per_tok` of its
-    `num_experts` routed experts, so only that share of the experts' parameters is active."""
-    state, _ = meta_state(config)
-    total = num_parameters(config)
-    experts = sum(t.numel() for name, t in state.items() if ".mlp.experts." in name)
-    routed, used = getattr(config, "num_experts", 0) or 0, getattr(config, "num_experts_per_tok", 0) or 0
-    inactive = experts * (routed - used) // routed if routed else 0
-    return total, total - inactive
+    return num_parameters(config), active_parameters(config), sum(scale_parameters(config).values())
 
 
 def record_diverged(folder: Path, step: int | None, learning_rate: float | None, message: str) -> None:

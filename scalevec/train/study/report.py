@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ...atomic import write_text_atomically
 from ...run_records import duration_text
-from .budgets import NOT_TESTED, BudgetRow, SurfaceFit, describe, fit_surfaces, markdown_table
+from .budgets import NOT_TESTED, BudgetRow, SurfaceFit, fit_surfaces, fits_markdown, markdown_table
 from .claims import DEFAULT_THRESHOLDS, Thresholds, claim_verdicts, claims_markdown, interval_text
 from .curves import plot_losses
 from .grid import Grid
@@ -145,7 +145,7 @@ def budgets_section(rows: list[BudgetRow], fits: dict[str, SurfaceFit] | None) -
     if all(fit.status == NOT_TESTED for fit in fits.values()):
         reasons = "; ".join(f"{variant}: {fit.reason}" for variant, fit in fits.items())
         return [*lines, f"L(N, D) = E + A·N^-α + B·D^-β: not tested ({reasons})."]
-    return [*lines, "Fitted on the report-half losses above.", "", describe(fits)]
+    return [*lines, "Fitted on the report-half losses above.", "", fits_markdown(fits)]
 
 
 def status_lines(records: list[RunRecord]) -> list[str]:

@@ -1,37 +1,36 @@
 """How the loss falls with model size: per variant, L = E + A·N^-α fitted to the report-half loss of every seed at
 each size's best learning rate, with bootstrap intervals, and `scaling.png`.
 
-The fit is Chinchilla's approach 3 as Besiroglu et al. (2024) corrected it: a Huber loss (δ = 1e-3) on the residuals
-of log L, minimised by L-BFGS-B from a grid of starts, with E bounded to [0, the lowest loss] and α to [0, 3]; a fit
-whose E or α ends at a bound says so (an α at a bound is not measured: the scaling claim is then unresolved). Its
-95 % intervals on α and E are percentiles of `REPLICATES` refits on the seeds resampled with
-replacement (every size keeps its seed pairing, and every variant is refitted on the same resamples, so that the
-difference of two variants' α has an interval of its own). A fit needs `MIN_SIZES` sizes or more, each with every
-seed at its best learning rate; with fewer, there is none. N is counted three ways, each fitted: non-embedding
-parameters (Kaplan's N), total parameters (Chinchilla's; the scaling claim's, following Pearce & Song 2024, who show
-that non-embedding counts bias small-scale exponents), and for MoE models the parameters a token uses."""
+The fit is the study's one Huber fit of log L (`huber.py`, the one of L(N, D) too), with E bounded to [0, the
+lowest loss] and α to [0, 3]; a fit whose E or α ends at a bound says so (an α at a bound is not measured: the
+scaling claim is then unresolved). Its 95 % intervals on α and E are percentiles of `REPLICATES` refits on the seeds
+resampled with replacement (every size keeps its seed pairing, and every variant is refitted on the same resamples,
+so that the difference of two variants' α has an interval of its own). A fit needs `MIN_SIZES` sizes or more, each
+with every seed at its best learning rate; with fewer, there is none. N is counted three ways, each fitted:
+non-embedding parameters (Kaplan's N), total parameters (Chinchilla's; the scaling claim's, following Pearce & Song
+2024, who show that non-embedding counts bias small-scale exponents), and for MoE models the parameters a token
+uses."""
 
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import minimize
 
 from ...atomic import write_figure_atomically
+from .huber import EXPONENT_BOUNDS, PowerLawData, estimates, fit_power_laws
 from .records import RunRecord
 from .summary import Key, report_losses
 
 MIN_SIZES = 4
 REPLICATES = 200
-HUBER_DELTA = 1e-3
 COUNTS = {  # how N is counted -> the record's field
     "non-embedding": "non_embedding_parameters",
     "total": "total_parameters",
     "active": "active_parameters",
 }
 CLAIM_COUNT = "total"
-_ALPHA_BOUNDS = (0.0, 3.0)
+_ZERO = 1e-9  # an E below this share of the lowest loss is on the search's lower bound, which stands for 0
 
 
 @dataclass
@@ -59,40 +58,21 @@ class ScalingFit:
         return _alpha_bound(self.alpha)
 
 
-def huber_fit(parameters: np.ndarray, losses: np.ndarray, start: tuple | None = None) -> tuple[float, float, float]:
-    """(E, A, α) minimising the Huber loss of log(E + A·N^-α) - log L; from `start` (E, log A, α) alone, or else
-    from a grid of starts."""
-    log_n, log_l = np.log(parameters), np.log(losses)
-    ceiling = float(losses.min()) * (1 - 1e-9)
-
-    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
-        floor, log_a, alpha = x
-        power = np.exp(log_a - alpha * log_n)
-        predicted = floor + power
-        residual = np.log(predicted) - log_l
-        small = np.abs(residual) <= HUBER_DELTA
-        value = np.where(small, 0.5 * residual**2, HUBER_DELTA * (np.abs(residual) - 0.5 * HUBER_DELTA))
-        slope = np.where(small, residual, HUBER_DELTA * np.sign(residual)) / predicted
-        gradient = np.array([slope.sum(), (slope * power).sum(), -(slope * power * log_n).sum()])
-        return float(value.sum()) / HUBER_DELTA**2, gradient / HUBER_DELTA**2  # residuals in units of δ
-
-    if start is None:  # each (E, α) of a small grid, with the log A that fits it best on average
-        pairs = [(f * ceiling, alpha) for f in (0.0, 0.5, 0.9) for alpha in (0.1, 0.3, 0.6)]
-        starts = [(floor, float(np.mean(np.log(losses - floor) + alpha * log_n)), alpha) for floor, alpha in pairs]
-    else:
-        starts = [start]
-    bounds = [(0.0, ceiling), (-30.0, 60.0), _ALPHA_BOUNDS]
-    options = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 2000}
-    fits = [
-        minimize(objective, np.array(x0), jac=True, method="L-BFGS-B", bounds=bounds, options=options) for x0 in starts
-    ]
-    best = min(fits, key=lambda fit: fit.fun).x
-    return float(best[0]), float(np.exp(best[1])), float(best[2])
+def fit_power_law(
+    parameters: np.ndarray, losses: np.ndarray, start: np.ndarray | None = None
+) -> tuple[np.ndarray, float, float, float]:
+    """The Huber fit (`huber.py`) of E + A·N^-α to `losses` at `parameters`, E searched from 0 (1e-12 of the lowest
+    loss, which it stands for: E is fitted in logs) to the lowest loss; from `start` (a `theta`) alone, or else from
+    the best starts of a grid. Returns its `theta`, E, A and α."""
+    lowest = float(losses.min())
+    theta = fit_power_laws(PowerLawData.of([parameters], losses), (1e-12 * lowest, lowest * (1 - 1e-9)), start)
+    floor, ((coefficient, alpha),) = estimates(theta)
+    return theta, 0.0 if floor <= _ZERO * lowest else floor, coefficient, alpha
 
 
 def _at_bound(floor: float, alpha: float, lowest_loss: float) -> list[str]:
     bounds = []
-    if floor <= 1e-9 * lowest_loss:
+    if floor <= _ZERO * lowest_loss:
         bounds.append("E = 0")
     elif floor >= lowest_loss * (1 - 1e-6):
         bounds.append("E = the lowest loss")
@@ -103,7 +83,7 @@ def _at_bound(floor: float, alpha: float, lowest_loss: float) -> list[str]:
 
 def _alpha_bound(alpha: float) -> float | None:
     """The bound of the search that `alpha` ended on, if any."""
-    return next((edge for edge in _ALPHA_BOUNDS if abs(alpha - edge) <= 1e-6), None)
+    return next((edge for edge in EXPONENT_BOUNDS if abs(alpha - edge) <= 1e-6), None)
 
 
 def fit_variant(
@@ -118,14 +98,15 @@ def fit_variant(
         return None
     table = np.array([[report_losses(runs)[seed] for seed in seeds] for runs in runs_by_size])  # sizes x seeds
     n = np.array(counts, dtype=float)
-    floor, coefficient, alpha = huber_fit(np.repeat(n, len(seeds)), table.ravel())
+    theta, floor, coefficient, alpha = fit_power_law(np.repeat(n, len(seeds)), table.ravel())
     means = table.mean(axis=1)
     fit = ScalingFit(variant, counted, floor, coefficient, alpha, counts, means.tolist(), seeds, 0.0, [])
     fit.at_bound = _at_bound(floor, alpha, float(table.min()))
     fit.rms = float(np.sqrt(np.mean((fit.predict(n) - means) ** 2)))
-    start = (floor, float(np.log(coefficient)), alpha)
-    replicates = [huber_fit(np.repeat(n, len(seeds)), table[:, draw % len(seeds)].ravel(), start) for draw in draws]
-    floors, alphas = np.array([r[0] for r in replicates]), np.array([r[2] for r in replicates])
+    replicates = [
+        fit_power_law(np.repeat(n, len(seeds)), table[:, draw % len(seeds)].ravel(), theta) for draw in draws
+    ]
+    floors, alphas = np.array([r[1] for r in replicates]), np.array([r[3] for r in replicates])
     fit.alpha_interval = tuple(np.percentile(alphas, [2.5, 97.5]).tolist())
     fit.E_interval = tuple(np.percentile(floors, [2.5, 97.5]).tolist())
     fit.replicate_alphas = alphas.tolist()
