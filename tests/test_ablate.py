@@ -8,6 +8,8 @@ from safetensors.torch import load_file
 
 from scalevec.run_records import read_run_records
 from scalevec.train import ablate
+from scalevec.train.study.arguments import AblationArguments
+from scalevec.train.study.variants import VARIANT_GROUPS
 
 from ._helpers import logged_losses, train_argv
 
@@ -39,11 +41,11 @@ def test_variants_of_a_seed_start_alike_and_read_the_same_batches(tmp_path):
 
 
 def test_variant_groups_and_refusals(tmp_path, capsys):
-    chosen = ablate.AblationArguments(variants="standard,weight-decay,none").variant_names()
-    assert chosen == ["standard", *ablate.VARIANT_GROUPS["weight-decay"][1:], "none"]
-    assert ablate.AblationArguments().variant_names() == ablate.VARIANT_GROUPS["strategies"]
-    assert ablate.VARIANT_GROUPS["strategies"] == ["none", "standard", "branch", "placement", "magdir", "unified"]
-    assert ablate.AblationArguments(seeds="2,1,2").seed_list(default=42) == [2, 1]
+    chosen = AblationArguments(variants="standard,weight-decay,none").variant_names()
+    assert chosen == ["standard", *VARIANT_GROUPS["weight-decay"][1:], "none"]
+    assert AblationArguments().variant_names() == VARIANT_GROUPS["strategies"]
+    assert VARIANT_GROUPS["strategies"] == ["none", "standard", "branch", "placement", "magdir", "unified"]
+    assert AblationArguments(seeds="2,1,2").seed_list(default=42) == [2, 1]
     for argv, message in (
         (["--scale-preset", "standard"], "--scale-preset: scalevec-ablate sets the scale strategy per variant"),
         (["--variants", "standard,nonesuch"], "--variants: unknown 'nonesuch'"),

@@ -13,10 +13,11 @@ from safetensors.torch import load_file
 
 from scalevec.run_records import RunClock
 from scalevec.train import ablate
+from scalevec.train.arguments import ScaleVecTrainingArguments
 from scalevec.train.branches import Budget, plan_budgets, resolve_decay_fraction
 from scalevec.train.cli import main
 from scalevec.train.study.budgets import read_budgets
-from scalevec.train.trainer import NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
+from scalevec.train.trainer import NonFiniteLossError, ScaleVecTrainer
 
 from ._helpers import log_history, logged_losses, train_argv
 

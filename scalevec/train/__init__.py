@@ -6,7 +6,7 @@ from .presets import MODEL_SIZES
 
 _FROM_CLI = ("ModelArguments", "TrainResult", "train")
 # `.trainer` (and the transformers Trainer behind it) loads on first use too: reading a finished study needs none.
-_FROM_TRAINER = ("NonFiniteLossError", "ScaleVecTrainer", "ScaleVecTrainingArguments")
+_FROM_TRAINER = ("NonFiniteLossError", "ScaleVecTrainer")
 
 __all__ = [
     "MODEL_SIZES",
@@ -37,4 +37,8 @@ def __getattr__(name: str):
         from . import trainer
 
         return getattr(trainer, name)
+    if name == "ScaleVecTrainingArguments":
+        from .arguments import ScaleVecTrainingArguments
+
+        return ScaleVecTrainingArguments
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

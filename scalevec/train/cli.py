@@ -34,6 +34,7 @@ from ..data import DataArguments, PackedBlockCollator, build_training_data, chec
 from ..evaluate import check_model_source
 from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, finished_step, logged_entries
+from .arguments import ScaleVecTrainingArguments
 from .branches import (
     Budget,
     add_branch_points,
@@ -55,7 +56,7 @@ from .resume import (
 )
 from .run_lock import LOCK_NAME, holding_output_dir
 from .tasks import Task, load_tasks, parse_task_list
-from .trainer import STAGING_SUFFIX, NonFiniteLossError, ScaleVecTrainer, ScaleVecTrainingArguments
+from .trainer import STAGING_SUFFIX, NonFiniteLossError, ScaleVecTrainer
 
 
 @dataclass
