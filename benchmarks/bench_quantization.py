@@ -1,7 +1,7 @@
 """What weight-only quantization costs each scale-vector strategy: tiny none / standard / unified models trained with
 `scalevec-train` (one run per strategy and seed, all with the same data and steps), then the held-out loss of each
-unquantized, with int8 and with int4 weights (`scalevec/quantization.py`), on the run's own held-out blocks through
-the training loop's exact evaluation. Reports per strategy the median difference over seeds and its range, and
+unquantized, with int8 and with int4 weights (`scalevec/evaluation/quantization.py`), on the run's own held-out blocks
+through the training loop's exact evaluation. Reports per strategy the median difference over seeds and its range, and
 the kurtosis of the residual stream (largest over layers) that the run logged at its last evaluation.
 
 Usage: python benchmarks/bench_quantization.py [--output-dir runs/quantization] [--size 4x128] [--steps 300]
@@ -26,7 +26,7 @@ from scalevec import ScaleVecForCausalLM  # noqa: E402
 from scalevec.atomic import write_text_atomically  # noqa: E402
 from scalevec.data.build import DataArguments, build_training_data, load_tokenizer  # noqa: E402
 from scalevec.data.collator import PackedBlockCollator  # noqa: E402
-from scalevec.quantization import QUANTIZATION_SCHEMES, quantize_weights  # noqa: E402
+from scalevec.evaluation.quantization import QUANTIZATION_SCHEMES, quantize_weights  # noqa: E402
 from scalevec.train import ScaleVecTrainer, ScaleVecTrainingArguments  # noqa: E402
 
 STRATEGIES = ("none", "standard", "unified")

@@ -29,7 +29,7 @@ SEQ_LEN, BATCH = 256, 8
 
 def hellaswag_shaped(count: int):
     from scalevec.data.corpus import default_corpus_file
-    from scalevec.train.tasks import Task, TaskItem
+    from scalevec.evaluation.tasks import Task, TaskItem
 
     words = " ".join(json.loads(line)["text"] for line in default_corpus_file().read_text().splitlines()).split()
     rng = random.Random(0)
@@ -46,8 +46,8 @@ def worker(items: int, repetitions: int) -> None:
     """One process of the measurement (alone, or one of torchrun's); rank 0 prints a JSON line."""
     from scalevec import ScaleVecConfig, ScaleVecForCausalLM
     from scalevec.data import default_tokenizer
+    from scalevec.evaluation.task_scoring import TaskEvaluation, reduce_together
     from scalevec.train.presets import size_fields
-    from scalevec.train.task_scoring import TaskEvaluation, reduce_together
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:

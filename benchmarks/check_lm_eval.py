@@ -50,10 +50,10 @@ def main() -> None:
 
     from scalevec import ScaleVecConfig, ScaleVecForCausalLM
     from scalevec.data import default_tokenizer
-    from scalevec.train.evaluation import evaluate_model
+    from scalevec.evaluation.model import evaluate_model
+    from scalevec.evaluation.task_scoring import TaskEvaluation
+    from scalevec.evaluation.tasks import load_tasks
     from scalevec.train.presets import size_fields
-    from scalevec.train.task_scoring import TaskEvaluation
-    from scalevec.train.tasks import load_tasks
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     tokenizer = default_tokenizer()

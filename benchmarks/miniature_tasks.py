@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_data import corpus_files  # noqa: E402
 
 from scalevec.atomic import write_text_atomically  # noqa: E402
-from scalevec.evaluate import main as scalevec_eval  # noqa: E402
+from scalevec.evaluation.cli import main as scalevec_eval  # noqa: E402
 from scalevec.train.diagnostics import activation_kurtosis  # noqa: E402
 from scalevec.train.study.intervals import paired_interval  # noqa: E402
 from scalevec.train.study.records import read_results  # noqa: E402

@@ -16,7 +16,7 @@ RUN_SUMMARY = "run_summary.json"  # how `scalevec-train` ended: losses, evaluati
 # Eval keys that describe the evaluation run rather than the model.
 EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_tokens_per_second"}
 # What each multiple-choice task scored at an evaluation logs (`eval_<task>_<figure>`, `eval_<task>_items`), and
-# the name of their mean over the tasks (`eval_tasks_<figure>`): scalevec/train/task_scoring.py.
+# the name of their mean over the tasks (`eval_tasks_<figure>`): scalevec/evaluation/task_scoring.py.
 TASK_FIGURES = ("acc", "acc_norm", "bpb")
 TASKS_MEAN = "tasks"
 # The entry of a trainer state's `stateful_callbacks` that holds the run's clock (`RunClock`): the Trainer saves each

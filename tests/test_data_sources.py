@@ -14,7 +14,7 @@ import pytest
 from scalevec.data import DataArguments, DataError, find_source
 from scalevec.data.build import load_tokenizer
 from scalevec.data.sources import check_hub_repo, is_missing_path, read_documents
-from scalevec.evaluate import check_model_source
+from scalevec.evaluation.cli import check_model_source
 from scalevec.train.cli import main
 
 from ._helpers import corpus_texts, train_argv, write_dataset

@@ -244,7 +244,7 @@ def test_getting_started_shows_the_quickstart_that_test_readme_runs():
 
 def test_the_documented_task_revisions_are_the_pinned_ones():
     """docs/evaluation.md's table of built-in tasks names each one's dataset, config and revision as BUILTIN_TASKS."""
-    from scalevec.train.tasks import BUILTIN_TASKS
+    from scalevec.evaluation.tasks import BUILTIN_TASKS
 
     documented = {}
     for row in re.findall(

@@ -18,8 +18,8 @@ from scalevec import ScaleVecForCausalLM
 from scalevec.data import DataArguments, PackedBlockCollator, default_tokenizer
 from scalevec.data.held_out import parse_token_budget, recorded_evaluation, split_budget
 from scalevec.data.sampler import BlockPermutation, ShuffledBlockSampler, evaluation_blocks
+from scalevec.evaluation.held_out import HeldOutSums, held_out_metrics, token_byte_lengths
 from scalevec.train.cli import main
-from scalevec.train.evaluation import HeldOutSums, held_out_metrics, token_byte_lengths
 
 from ._helpers import (
     corpus_texts,

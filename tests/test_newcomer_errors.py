@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-import scalevec.evaluate
+import scalevec.evaluation.cli
 from scalevec.convert.cli import main as convert_main
 from scalevec.data import default_tokenizer
-from scalevec.evaluate import main as evaluate_main
+from scalevec.evaluation.cli import main as evaluate_main
 
 from ._helpers import saved_scalevec, tiny_config
 
@@ -45,7 +45,7 @@ def test_a_folder_without_a_model_is_said_to_hold_none(tmp_path, model_and_task,
 def test_an_unwritable_output_is_refused_before_scoring_naming_it(tmp_path, model_and_task, capsys, monkeypatch):
     model, task = model_and_task
     scored = []
-    monkeypatch.setattr(scalevec.evaluate, "evaluate_model", lambda *args, **kwargs: scored.append(args))
+    monkeypatch.setattr(scalevec.evaluation.cli, "evaluate_model", lambda *args, **kwargs: scored.append(args))
     blocker = tmp_path / "results"
     blocker.write_text("a file where a folder should be")
     output = blocker / "run.json"

@@ -16,7 +16,7 @@ from scalevec.convert.card import write_model_card
 from scalevec.convert.cli import main as convert_main
 from scalevec.convert.task_results import read_task_results
 from scalevec.data import default_tokenizer
-from scalevec.evaluate import main as evaluate_main
+from scalevec.evaluation.cli import main as evaluate_main
 
 from ._helpers import saved_scalevec, saved_stock, tiny_config
 
@@ -80,10 +80,10 @@ def test_the_documented_publish_flow_writes_a_card_that_loads_back(trained, tmp_
 
 
 def test_quantize_without_torchao_fails_before_the_first_forward(trained, monkeypatch, capsys):
-    import scalevec.evaluate
+    import scalevec.evaluation.cli
 
     scored = []
-    monkeypatch.setattr(scalevec.evaluate, "evaluate_model", lambda *args, **kwargs: scored.append(args))
+    monkeypatch.setattr(scalevec.evaluation.cli, "evaluate_model", lambda *args, **kwargs: scored.append(args))
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # as if torchao were not installed
     argv = [str(trained / "model"), "--tasks", str(trained / "mc.jsonl"), "--quantize", "int8"]
     assert evaluate_main(argv) == 1

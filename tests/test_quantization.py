@@ -1,6 +1,6 @@
-"""Weight-only quantization (`scalevec/quantization.py`) on a trained tiny model and on every published form,
-activation kurtosis per layer (`scalevec/train/diagnostics.py`) against constructed activations and in the training
-loop's evaluation, and what a `scalevec-eval` results file puts on the card and into a pushed folder."""
+"""Weight-only quantization (`scalevec/evaluation/quantization.py`) on a trained tiny model and on every published
+form, activation kurtosis per layer (`scalevec/train/diagnostics.py`) against constructed activations and in the
+training loop's evaluation, and what a `scalevec-eval` results file puts on the card and into a pushed folder."""
 
 import copy
 import json
@@ -18,7 +18,7 @@ from scalevec import ScaleVecForCausalLM
 from scalevec.convert import export_checkpoint
 from scalevec.convert.card import write_model_card
 from scalevec.convert.cli import main as convert_main
-from scalevec.quantization import parse_schemes, quantization_deltas, quantize_weights
+from scalevec.evaluation.quantization import parse_schemes, quantization_deltas, quantize_weights
 from scalevec.train.diagnostics import MomentSums, activation_kurtosis
 
 from ._helpers import logits, random_ids, run_python, saved_stock, tiny_config, tiny_trainer

@@ -7,9 +7,9 @@ import torch
 
 from scalevec import ScaleVecForCausalLM
 from scalevec.data import default_tokenizer
-from scalevec.train import task_scoring
-from scalevec.train.task_scoring import TaskEvaluation, encode_pair
-from scalevec.train.tasks import Task, TaskItem
+from scalevec.evaluation import task_scoring
+from scalevec.evaluation.task_scoring import TaskEvaluation, encode_pair
+from scalevec.evaluation.tasks import Task, TaskItem
 
 from ._helpers import randomize_scales, tiny_config
 

@@ -16,11 +16,10 @@ import yaml
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM
 from scalevec.data import default_tokenizer
-from scalevec.evaluate import main as evaluate_main
-from scalevec.train.cli import main as train_main
-from scalevec.train.evaluation import evaluate_model
-from scalevec.train.task_scoring import TaskEvaluation, check_requests, encode_pair, fed_tokens, item_scores
-from scalevec.train.tasks import (
+from scalevec.evaluation.cli import main as evaluate_main
+from scalevec.evaluation.model import evaluate_model
+from scalevec.evaluation.task_scoring import TaskEvaluation, check_requests, encode_pair, fed_tokens, item_scores
+from scalevec.evaluation.tasks import (
     BUILTIN_TASKS,
     Task,
     TaskError,
@@ -32,6 +31,7 @@ from scalevec.train.tasks import (
     sciq_item,
     winogrande_item,
 )
+from scalevec.train.cli import main as train_main
 
 from ._helpers import (
     TINY_TRAIN_OVERRIDES,
@@ -207,7 +207,9 @@ def test_the_command_prints_the_bad_line_in_one_line(model_dir, tmp_path, capsys
 
 
 def test_an_offline_builtin_name_fails_in_one_line_naming_the_file_to_pass(model_dir, tmp_path):
-    script = "import sys\nfrom scalevec.evaluate import main\nsys.exit(main([sys.argv[1], '--tasks', 'arc_easy']))"
+    script = (
+        "import sys\nfrom scalevec.evaluation.cli import main\nsys.exit(main([sys.argv[1], '--tasks', 'arc_easy']))"
+    )
     env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     result = run_python(script, str(model_dir / "model"), env=env)
     assert result.returncode == 1
@@ -403,7 +405,7 @@ def test_two_processes_score_what_one_does(model_dir, tmp_path):
     flags += ["--seq-len", "32", "--batch-size", "3"]
     assert evaluate_main([str(model_dir / "model"), *flags, "--output", str(tmp_path / "one.json")]) == 0
     two = run_torchrun(
-        "-m", "scalevec.evaluate", str(model_dir / "model"), *flags, "--output", str(tmp_path / "two.json")
+        "-m", "scalevec.evaluation.cli", str(model_dir / "model"), *flags, "--output", str(tmp_path / "two.json")
     )
     assert two.returncode == 0, two.stderr[-3000:]
     one, two = _scores(tmp_path / "one.json"), _scores(tmp_path / "two.json")

@@ -18,7 +18,7 @@ import yaml
 from huggingface_hub import EvalResult, EvalResultEntry, eval_result_entries_to_yaml
 
 from ..atomic import write_text_atomically
-from ..quantization import QUANTIZATION_SCHEMES, quantization_deltas
+from ..evaluation.quantization import QUANTIZATION_SCHEMES, quantization_deltas
 
 # The Hub's current format for evaluation scores: YAML lists in `.eval_results/*.yaml` at the root of a model repo,
 # shown on the model page and gathered into the benchmark's leaderboard

@@ -29,7 +29,7 @@ from .sampler import evaluation_blocks
 from .sources import COMPRESSIONS, FORMATS
 
 DEFAULT_EVAL_TOKENS = 1 << 20
-DEFAULT_TASK_EXAMPLES = 500  # items of each multiple-choice task an evaluation scores (scalevec/train/tasks.py)
+DEFAULT_TASK_EXAMPLES = 500  # items of each multiple-choice task an evaluation scores (scalevec/evaluation/tasks.py)
 EVALUATION_HALVES = ("select", "report")  # in metric names: eval_select_loss, eval_report_loss
 _SUFFIXES = (*COMPRESSIONS, *FORMATS)  # what a data file's name ends with
 

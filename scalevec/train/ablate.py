@@ -44,7 +44,8 @@ from ..atomic import exit_status, write_text_atomically
 from ..configuration_scalevec import SCALE_FIELDS
 from ..data import DataArguments
 from ..data.held_out import set_names
-from ..quantization import parse_schemes
+from ..evaluation.quantization import parse_schemes
+from ..evaluation.tasks import parse_task_list
 from ..run_records import TASK_FIGURES, TASKS_MEAN, TRAINING_DATA, finished_step, read_json
 from .arguments import ScaleVecTrainingArguments
 from .branches import Budget, decay_fractions, plan_budgets, unfinished_budgets
@@ -71,7 +72,6 @@ from .study.records import (
 )
 from .study.report import write_report
 from .study.variants import VARIANTS
-from .tasks import parse_task_list
 from .trainer import NonFiniteLossError
 
 _STRATEGY_FIELDS = ("scale_preset", *SCALE_FIELDS)
@@ -250,9 +250,9 @@ def evaluate_quantized(folder: Path, schemes: list[str], batch_size: int) -> Non
     from transformers import AutoTokenizer
 
     from ..data.held_out import EvaluationRecord, evaluation_halves, recorded_evaluation
+    from ..evaluation.model import evaluate_model
+    from ..evaluation.quantization import quantize_weights
     from ..modeling_scalevec import ScaleVecForCausalLM
-    from ..quantization import quantize_weights
-    from .evaluation import evaluate_model
 
     evaluation = EvaluationRecord.read(read_json(folder / TRAINING_DATA) or {})
     if evaluation is None or not evaluation.sets:

@@ -31,7 +31,8 @@ from ..atomic import (
 )
 from ..configuration_scalevec import SCALE_FIELDS, ScaleVecConfig
 from ..data import DataArguments, PackedBlockCollator, build_training_data, check_vocabulary, load_tokenizer
-from ..evaluate import check_model_source
+from ..evaluation.cli import check_model_source
+from ..evaluation.tasks import Task, load_tasks, parse_task_list
 from ..modeling_scalevec import ScaleVecForCausalLM
 from ..run_records import RUN_PICTURE, RUN_SUMMARY, TRAINING_DATA, finished_step, logged_entries
 from .arguments import ScaleVecTrainingArguments
@@ -55,7 +56,6 @@ from .resume import (
     resumed_model_config,
 )
 from .run_lock import LOCK_NAME, holding_output_dir
-from .tasks import Task, load_tasks, parse_task_list
 from .trainer import STAGING_SUFFIX, NonFiniteLossError, ScaleVecTrainer
 
 

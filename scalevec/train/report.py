@@ -14,6 +14,8 @@ from transformers import TrainerCallback
 from ..convert.meta_model import non_embedding_parameters
 from ..data import TrainingData
 from ..data.held_out import EVALUATION_HALVES
+from ..evaluation.task_scoring import fed_tokens
+from ..evaluation.tasks import Task
 from ..run_records import (
     TASK_FIGURES,
     TASKS_MEAN,
@@ -25,8 +27,6 @@ from ..run_records import (
     segments_text,
     whole_run,
 )
-from .task_scoring import fed_tokens
-from .tasks import Task
 from .throughput import model_flops_per_token, throughput_figures, training_peak_flops
 
 

@@ -28,14 +28,14 @@ from transformers.utils.output_capturing import maybe_install_capturing_hooks
 from ..atomic import commit_folder, remove_folder, write_text_atomically, writes_into
 from ..data.held_out import EVALUATION_HALVES, evaluation_halves
 from ..data.sampler import ShuffledBlockSampler
+from ..evaluation.held_out import BlockEvaluation, HeldOutSums, held_out_metrics, score_together, token_byte_lengths
+from ..evaluation.task_scoring import TaskEvaluation, check_requests, model_length, task_metrics
+from ..evaluation.tasks import Task
 from ..modeling_scalevec import ScaleVecModel
 from .arguments import ScaleVecTrainingArguments
 from .diagnostics import HideScaleStatsFromConsole, ScaleStatsCallback, activation_kurtosis, kurtosis_log
-from .evaluation import BlockEvaluation, HeldOutSums, held_out_metrics, score_together, token_byte_lengths
 from .optim import DecayConfig, MuonAdamW, decay_toward_targets, describe_groups, parameter_groups
 from .run_clock import RunClockCallback
-from .task_scoring import TaskEvaluation, check_requests, model_length, task_metrics
-from .tasks import Task
 from .throughput import ThroughputCallback
 
 logger = logging.get_logger(__name__)
@@ -82,7 +82,7 @@ class ScaleVecTrainer(Trainer):
         reports beside tokens per second. Without `compute_metrics`, evaluation reads each held-out block once
         over all processes and reports loss, perplexity, bits per byte (from the tokenizer's `processing_class`)
         and tokens from sums (`evaluate`), and scores the multiple-choice `tasks` beside them (`eval_<task>_acc`,
-        scalevec/train/task_scoring.py); with it, the stock evaluation loop runs."""
+        scalevec/evaluation/task_scoring.py); with it, the stock evaluation loop runs."""
         self.tasks = tasks or []
         self._staging_run_dir: Path | None = None  # set while a checkpoint is being written (`_save_checkpoint`)
         self._stream_loader = None  # the loader of a streamed training dataset (`get_train_dataloader`)

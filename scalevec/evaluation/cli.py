@@ -1,15 +1,15 @@
 """`scalevec-eval`: score any checkpoint or export on multiple-choice tasks and on held-out text, as the training
-loop's evaluation does (scalevec/train/task_scoring.py, scalevec/train/evaluation.py).
+loop's evaluation does (`task_scoring.py`, `held_out.py`).
 
 scalevec-eval MODEL --tasks hellaswag,my_task.jsonl [--eval-dataset held_out.jsonl] [--output results.json]
-torchrun --nproc_per_node 2 -m scalevec.evaluate MODEL ...   # items and blocks split across the processes
+torchrun --nproc_per_node 2 -m scalevec.evaluation.cli MODEL ...   # items and blocks split across the processes
 scalevec-eval --export-task hellaswag hellaswag.jsonl        # where the Hub is reachable: the file to pass offline
 
 MODEL is a folder (or Hub id) that `AutoModelForCausalLM` and `AutoTokenizer` load: a ScaleVec run or checkpoint,
 its Llama / Qwen3 exports, a stock model. The results are printed as a table and, with `--output`, written as JSON:
 {"model": ..., "tasks": {name: {"acc", "acc_norm", "bpb", "items"}}, "held_out": {"loss", "perplexity",
 "bits_per_byte", "tokens"} or null}. With `--quantize int8,int4`, the model is scored again with each scheme's
-weight-only quantization (scalevec/quantization.py), on the same items and blocks, and the results add
+weight-only quantization (`quantization.py`), on the same items and blocks, and the results add
 "quantized": {scheme: {"tasks", "held_out", "seconds"}} and "differences": {scheme: quantized minus unquantized}.
 """
 
@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 from transformers.utils import ADAPTER_CONFIG_NAME, CONFIG_NAME
 
-from .atomic import exit_status, write_text_atomically, writes_into
-from .convert.checkpoint import WEIGHT_FILES, WEIGHT_INDEXES
-from .data.build import DEFAULT_SEQ_LEN, DataArguments, build_held_out_data
-from .data.sources import check_hub_repo, names_a_local_path
+from ..atomic import exit_status, write_text_atomically, writes_into
+from ..convert.checkpoint import WEIGHT_FILES, WEIGHT_INDEXES
+from ..data.build import DEFAULT_SEQ_LEN, DataArguments, build_held_out_data
+from ..data.sources import check_hub_repo, names_a_local_path
+from .model import EvaluationResult, evaluate_model
 from .quantization import parse_schemes, quantize_weights, require_torchao
-from .train.evaluation import EvaluationResult, evaluate_model
-from .train.task_scoring import check_requests, model_length
-from .train.tasks import BUILTIN_TASKS, load_tasks, parse_task_list, task_file_text
+from .task_scoring import check_requests, model_length
+from .tasks import BUILTIN_TASKS, load_tasks, parse_task_list, task_file_text
 
 
 def results_table(result: EvaluationResult) -> str:

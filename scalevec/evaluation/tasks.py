@@ -11,7 +11,7 @@ each choice then completes the context, and what is scored is `" " + suffix` aft
 The built-in names load from the Hub through `datasets`, at a pinned revision, the split lm-eval scores (its
 `ConfigurableTask.eval_docs`: the yaml's `test_split` where it names one, else its `validation_split`), and map their
 columns to items as lm-eval's task yamls do (`BUILTIN_TASKS`). Offline, write the items on a machine that reaches
-the Hub (`python -m scalevec.evaluate --export-task NAME FILE`) and pass the file: its first line names the dataset,
+the Hub (`scalevec-eval --export-task NAME FILE`) and pass the file: its first line names the dataset,
 config, split and revision the items come from (`{"dataset": ..., "config": ..., "split": ..., "revision": ...}`, a
 line any task file may begin with), its name gives the same metric names, and the same subset is drawn from it.
 
@@ -212,7 +212,7 @@ def _load_builtin(name: str, examples: int) -> Task:
         raise TaskError(
             f"task {name}: {where} could not be loaded from the Hub ({_first_line(error)}); offline, pass "
             f"{name}.jsonl instead, written where the Hub is reachable by "
-            f"`python -m scalevec.evaluate --export-task {name} {name}.jsonl`"
+            f"`scalevec-eval --export-task {name} {name}.jsonl`"
         ) from None
     chosen = [int(index) for index in evaluation_blocks(len(rows), examples)]
     items = [
