@@ -6,8 +6,10 @@ Missing or unreadable files are skipped rather than raised: a reader of records 
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 RUN_PICTURE = "scale_vectors.png"  # the loss / scale-statistics figure `scalevec-train` writes into its output folder
 TRAINER_STATE = "trainer_state.json"
@@ -15,8 +17,7 @@ TRAINING_DATA = "training_data.json"  # what `scalevec-train` trained on: source
 RUN_SUMMARY = "run_summary.json"  # how `scalevec-train` ended: losses, evaluation, hardware, throughput
 # Eval keys that describe the evaluation run rather than the model.
 EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_tokens_per_second"}
-# What each multiple-choice task scored at an evaluation logs (`eval_<task>_<figure>`, `eval_<task>_items`), and
-# the name of their mean over the tasks (`eval_tasks_<figure>`): scalevec/evaluation/task_scoring.py.
+# The figures of a multiple-choice task (`TaskScore`), and the name their mean over the tasks is logged under.
 TASK_FIGURES = ("acc", "acc_norm", "bpb")
 TASKS_MEAN = "tasks"
 # The entry of a trainer state's `stateful_callbacks` that holds the run's clock (`RunClock`): the Trainer saves each
@@ -24,6 +25,77 @@ TASKS_MEAN = "tasks"
 RUN_CLOCK = "RunClockCallback"
 # The folder of each budget that `--decay-at` branches from a run: `OUTPUT/budget-F`, F its fraction of the run.
 BRANCH_PREFIX = "budget-"
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """What one multiple-choice task scored at one evaluation, each figure a mean over its items: accuracy,
+    length-normalised accuracy (higher is better) and bits per byte of the gold answer (lower is better); `items`
+    None for the mean over the tasks."""
+
+    HIGHER_IS_BETTER: ClassVar = ("acc", "acc_norm")
+
+    acc: float
+    acc_norm: float
+    bpb: float
+    items: int | None = None
+
+    def figures(self) -> dict[str, float]:
+        return {figure: getattr(self, figure) for figure in TASK_FIGURES}
+
+
+@dataclass(frozen=True)
+class TaskScores:
+    """Every task's `TaskScore` at one evaluation, by task name in scoring order, and their unweighted mean (each
+    task counts once, as OLMo's and nanochat's averages; with several tasks). The one place the logged names are
+    made and read: `<prefix>_<task>_<figure>`, `<prefix>_<task>_items`, and the mean's `<prefix>_tasks_<figure>`."""
+
+    tasks: dict[str, TaskScore]
+
+    @property
+    def mean(self) -> TaskScore | None:
+        if len(self.tasks) < 2:
+            return None
+        means = (sum(getattr(s, figure) for s in self.tasks.values()) / len(self.tasks) for figure in TASK_FIGURES)
+        return TaskScore(*means)
+
+    def rows(self) -> list[tuple[str, TaskScore]]:
+        """Each task's scores, then their mean (named `TASKS_MEAN`) where there is one."""
+        return [*self.tasks.items(), *([(TASKS_MEAN, self.mean)] if self.mean else [])]
+
+    def metrics(self, prefix: str = "eval", items: bool = True) -> dict[str, float]:
+        """The scores as logged (with each task's `items` count unless `items` is false)."""
+        metrics = {}
+        for name, score in self.rows():
+            metrics.update({f"{prefix}_{name}_{figure}": value for figure, value in score.figures().items()})
+            if items and score.items is not None:
+                metrics[f"{prefix}_{name}_items"] = score.items
+        return metrics
+
+    @classmethod
+    def from_metrics(cls, metrics: dict, prefix: str = "eval") -> "TaskScores":
+        """The scores an evaluation logged (`metrics`: a log entry, `all_results.json`, a run summary's `eval`):
+        each task that logged its `items`."""
+        tasks = {}
+        for name in (key[len(prefix) + 1 : -len("_items")] for key in metrics if _is_items_key(key, prefix)):
+            figures = (metrics[f"{prefix}_{name}_{figure}"] for figure in TASK_FIGURES)
+            tasks[name] = TaskScore(*figures, items=int(metrics[f"{prefix}_{name}_items"]))
+        return cls(tasks)
+
+    @staticmethod
+    def metric_names(names: Iterable[str], prefix: str = "eval") -> list[str]:
+        """The figures an evaluation of the tasks `names` logs, the mean's included (not the `items` counts)."""
+        return [f"{prefix}_{name}_{figure}" for name in (*names, TASKS_MEAN) for figure in TASK_FIGURES]
+
+    @staticmethod
+    def is_metric(key: str, prefix: str = "eval") -> bool:
+        """Whether a logged figure is a task's (or the tasks' mean's) rather than the held-out text's."""
+        suffixes = tuple(f"_{name}" for name in (*TASK_FIGURES, "items"))
+        return key.startswith(f"{prefix}_") and key.endswith(suffixes)
+
+
+def _is_items_key(key: str, prefix: str) -> bool:
+    return key.startswith(f"{prefix}_") and key.endswith("_items")
 
 
 @dataclass
@@ -233,11 +305,6 @@ def _trainer_state_file(run_dir: Path) -> Path | None:
         return run_dir / TRAINER_STATE
     checkpoints = [p for p in run_dir.glob(f"checkpoint-*/{TRAINER_STATE}") if p.parent.name[11:].isdigit()]
     return max(checkpoints, key=lambda p: int(p.parent.name[11:]), default=None)
-
-
-def is_task_metric(key: str) -> bool:
-    """Whether a logged `eval_*` figure is a multiple-choice task's rather than the held-out loss's."""
-    return key.startswith("eval_") and key.endswith(tuple(f"_{figure}" for figure in (*TASK_FIGURES, "items")))
 
 
 def _eval_metrics(record: dict) -> dict[str, float]:

@@ -17,12 +17,11 @@ from ..atomic import write_text_atomically
 from ..configuration_scalevec import MINIMUM_TRANSFORMERS, SCALE_FIELDS, SCALE_PRESETS, ScaleVecConfig
 from ..run_records import (
     RUN_PICTURE,
-    TASK_FIGURES,
-    TASKS_MEAN,
     EvaluationRecord,
     RunRecords,
+    TaskScore,
+    TaskScores,
     duration_text,
-    is_task_metric,
     logged_entries,
     loss_coverage,
     part_note,
@@ -277,7 +276,7 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
             speed = f"{run.tokens_per_second:,.0f} tokens/s over {duration_text(clock.training_seconds)} of training"
             rows.append(("throughput", speed + _mfu(where)))
     for key, value in records.eval_metrics.items():
-        if not is_task_metric(key):
+        if not TaskScores.is_metric(key):
             rows.append((key.replace("_", " "), _eval_value(key, value)))
     rows += _task_rows(records.eval_metrics)
     for key, label in TRAINING_ARGUMENTS.items():
@@ -288,17 +287,22 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
 
 
 def _task_rows(metrics: dict[str, float]) -> list[tuple[str, str]]:
-    """A row per multiple-choice task of the run's last evaluation (`eval_<task>_acc`, ...), and their mean."""
-    names = [key[5:-6] for key in metrics if key.endswith("_items")]
-    rows = [(f"{name} ({int(metrics[f'eval_{name}_items']):,} items)", _task_figures(metrics, name)) for name in names]
-    if f"eval_{TASKS_MEAN}_acc" in metrics:
-        rows.append((f"mean of the {len(names)} tasks", _task_figures(metrics, TASKS_MEAN)))
-    return rows
+    """A row per multiple-choice task of the run's last evaluation, and their mean."""
+    scores = TaskScores.from_metrics(metrics)
+    return [
+        (
+            f"mean of the {len(scores.tasks)} tasks" if score.items is None else f"{name} ({score.items:,} items)",
+            _task_figures(score),
+        )
+        for name, score in scores.rows()
+    ]
 
 
-def _task_figures(metrics: dict[str, float], name: str) -> str:
-    acc, acc_norm, bpb = (metrics[f"eval_{name}_{figure}"] for figure in TASK_FIGURES)
-    return f"accuracy {acc:.4f}, length-normalised accuracy {acc_norm:.4f}, {bpb:.4f} bits per byte of the answer"
+def _task_figures(score: TaskScore) -> str:
+    return (
+        f"accuracy {score.acc:.4f}, length-normalised accuracy {score.acc_norm:.4f}, {score.bpb:.4f} bits per byte of "
+        "the answer"
+    )
 
 
 def _eval_value(key: str, value: float) -> str:
@@ -371,7 +375,7 @@ def _eval_results(metrics: dict[str, float], datasets: Sequence[str]) -> list[Ev
             metric_value=round(value) if _is_count(key) else value,  # the records keep every figure as a float
         )
         for key, value in metrics.items()
-        if not is_task_metric(key)
+        if not TaskScores.is_metric(key)
     ]
 
 

@@ -19,12 +19,12 @@ from huggingface_hub import EvalResult, EvalResultEntry, eval_result_entries_to_
 
 from ..atomic import write_text_atomically
 from ..evaluation.quantization import QUANTIZATION_SCHEMES, quantization_deltas
+from ..run_records import TASK_FIGURES
 
 # The Hub's current format for evaluation scores: YAML lists in `.eval_results/*.yaml` at the root of a model repo,
 # shown on the model page and gathered into the benchmark's leaderboard
 # (https://huggingface.co/docs/hub/eval-results; huggingface_hub's `EvalResultEntry` writes an entry).
 EVAL_RESULTS_FOLDER = ".eval_results"
-TASK_SCORES = ("acc", "acc_norm", "bpb")
 TASK_SOURCE = ("dataset", "config", "split", "revision")  # `Task.provenance`'s Hub fields
 SCORING = "zero-shot multiple choice, each choice scored by its log-likelihood as lm-evaluation-harness scores it"
 
@@ -137,7 +137,7 @@ def evaluation_section(results: dict) -> dict:
     return {
         "evaluation_note": _evaluation_note(results),
         "task_rows": [
-            (f"`{name}`", _source_text(scores), subset_text(scores), *(f"{scores[key]:.4f}" for key in TASK_SCORES))
+            (f"`{name}`", _source_text(scores), subset_text(scores), *(f"{scores[key]:.4f}" for key in TASK_FIGURES))
             for name, scores in results.get("tasks", {}).items()
         ],
         **_quantization_table(results),
@@ -205,7 +205,7 @@ def task_model_index(results: dict) -> list[EvalResult]:
             metric_value=scores[key],
         )
         for name, scores in results.get("tasks", {}).items()
-        for key in TASK_SCORES
+        for key in TASK_FIGURES
     ]
 
 

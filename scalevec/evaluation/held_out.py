@@ -136,7 +136,7 @@ def score_together(
     tasks: list[Task],
     task_evaluation: TaskEvaluation,
 ) -> tuple[list[HeldOutSums], torch.Tensor]:
-    """The held-out sums of each piece of blocks and the sums of each task (`task_metrics`' rows) over every process:
+    """The held-out sums of each piece of blocks and the sums of each task (`task_scores`' rows) over every process:
     this process's share of both, added up in one all-reduce."""
     sums = [blocks.sums(model, piece, token_bytes) for piece in pieces]
     sums = torch.stack(sums) if sums else torch.zeros(0, 3, dtype=torch.float64, device=blocks.device)

@@ -4,15 +4,14 @@ one: `evaluate_model` and its `EvaluationResult`."""
 import json
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 from ..data.collator import PackedBlockCollator
-from ..run_records import TASK_FIGURES
 from .held_out import BlockEvaluation, HeldOutSums, held_out_metrics, score_together, token_byte_lengths
 from .quantization import quantization_deltas
-from .task_scoring import TaskEvaluation, task_metrics
+from .task_scoring import TaskEvaluation, task_scores
 from .tasks import Task
 
 
@@ -64,14 +63,10 @@ def evaluate_model(
     task_evaluation = TaskEvaluation(tokenizer, rank, world_size, batch_size, device)
     pieces = list((held_out or {}).values())
     held_sums, task_sums = score_together(model, pieces, blocks, token_bytes, tasks, task_evaluation)
-    metrics = task_metrics([task.name for task in tasks], task_sums)
-    scores = {task.name: _task_scores(task, metrics) for task in tasks}
+    scored = task_scores([task.name for task in tasks], task_sums).tasks
+    # each task's figures and what they were computed on (`Task.provenance`: the card's model-index, .eval_results/)
+    scores = {task.name: {**asdict(scored[task.name]), **task.provenance()} for task in tasks}
     return EvaluationResult(name, scores, _held_out_figures(held_sums), time.perf_counter() - start)
-
-
-def _task_scores(task: Task, metrics: dict[str, float]) -> dict:
-    """A task's figures and what they were computed on (`Task.provenance`: the card's model-index, .eval_results/)."""
-    return {**{key: metrics[f"eval_{task.name}_{key}"] for key in (*TASK_FIGURES, "items")}, **task.provenance()}
 
 
 def _held_out_figures(sums: list[HeldOutSums]) -> dict[str, float] | None:

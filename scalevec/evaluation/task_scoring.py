@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..run_records import TASK_FIGURES, TASKS_MEAN
+from ..run_records import TaskScore, TaskScores
 from .tasks import Task, TaskError, TaskItem
 
 _SUMS = 4  # acc, acc_norm, bpb, items
@@ -292,23 +292,14 @@ def item_scores(item: TaskItem, lls: list[float]) -> tuple[float, float, float, 
     return acc, acc_norm, -lls[item.gold] / (math.log(2) * gold_bytes), 1.0
 
 
-def task_metrics(names: list[str], sums: torch.Tensor, prefix: str = "eval") -> dict[str, float]:
-    """`<prefix>_<task>_{acc,acc_norm,bpb,items}` from each task's summed row, and with several tasks their
-    unweighted mean (`<prefix>_tasks_acc`, ...: each task counts once, as OLMo's and nanochat's averages)."""
-    metrics: dict[str, float] = {}
+def task_scores(names: list[str], sums: torch.Tensor) -> TaskScores:
+    """The `TaskScores` of the tasks `names` from each one's summed row (`TaskEvaluation.sums`, all-reduced)."""
+    scores = {}
     for name, (acc, acc_norm, bpb, items) in zip(names, sums.tolist()):
         if not items:
             raise ValueError(f"task {name}: no item was scored")
-        metrics.update(
-            {f"{prefix}_{name}_{figure}": value / items for figure, value in zip(TASK_FIGURES, (acc, acc_norm, bpb))}
-        )
-        metrics[f"{prefix}_{name}_items"] = int(items)
-    if len(names) > 1:
-        for figure in TASK_FIGURES:
-            metrics[f"{prefix}_{TASKS_MEAN}_{figure}"] = sum(metrics[f"{prefix}_{n}_{figure}"] for n in names) / len(
-                names
-            )
-    return metrics
+        scores[name] = TaskScore(acc / items, acc_norm / items, bpb / items, int(items))
+    return TaskScores(scores)
 
 
 def reduce_together(*tensors: torch.Tensor) -> list[torch.Tensor]:

@@ -46,7 +46,7 @@ from ..data import DataArguments
 from ..data.held_out import set_names
 from ..evaluation.quantization import parse_schemes
 from ..evaluation.tasks import parse_task_list
-from ..run_records import TASK_FIGURES, TASKS_MEAN, TRAINING_DATA, finished_step, read_json
+from ..run_records import TRAINING_DATA, TaskScores, finished_step, read_json
 from .arguments import ScaleVecTrainingArguments
 from .branches import Budget, decay_fractions, plan_budgets, unfinished_budgets
 from .cli import ModelArguments, check_output_dir, config_overrides, parse_arguments, train
@@ -272,7 +272,7 @@ def check_metric_configured(metric: str, data_args: DataArguments) -> None:
     logged = ["eval_loss", "eval_perplexity", "eval_bits_per_byte"]
     if data_args.eval_tasks:
         tasks = set_names(parse_task_list(data_args.eval_tasks))
-        logged += [f"eval_{name}_{figure}" for name in (*tasks, TASKS_MEAN) for figure in TASK_FIGURES]
+        logged += TaskScores.metric_names(tasks)
     if metric not in logged:
         raise ValueError(f"--metric {metric}: these runs will not log it; they log {', '.join(logged)}")
 

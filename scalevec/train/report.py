@@ -17,9 +17,8 @@ from ..data.held_out import EVALUATION_HALVES
 from ..evaluation.task_scoring import fed_tokens
 from ..evaluation.tasks import Task
 from ..run_records import (
-    TASK_FIGURES,
-    TASKS_MEAN,
     EvaluationRecord,
+    TaskScores,
     duration_text,
     logged_entries,
     loss_coverage,
@@ -251,15 +250,13 @@ def _evaluation_lines(evaluation: dict) -> list[str]:
 
 
 def _task_lines(evaluation: dict) -> list[str]:
-    """Each multiple-choice task's scores (`eval_<task>_acc`, ...), then their mean over the tasks."""
-    names = [key[5:-6] for key in evaluation if key.endswith("_items")]
-    if f"eval_{TASKS_MEAN}_acc" in evaluation:
-        names.append(TASKS_MEAN)
+    """Each multiple-choice task's scores, then their mean over the tasks."""
     lines = []
-    for name in names:
-        acc, acc_norm, bpb = (evaluation[f"eval_{name}_{figure}"] for figure in TASK_FIGURES)
-        items = f", {evaluation[f'eval_{name}_items']:,} items" if f"eval_{name}_items" in evaluation else " (mean)"
-        lines.append(f"  {name:<10} acc {acc:.4f}, acc_norm {acc_norm:.4f}, {bpb:.3f} bits per byte{items}")
+    for name, score in TaskScores.from_metrics(evaluation).rows():
+        items = " (mean)" if score.items is None else f", {score.items:,} items"
+        lines.append(
+            f"  {name:<10} acc {score.acc:.4f}, acc_norm {score.acc_norm:.4f}, {score.bpb:.3f} bits per byte{items}"
+        )
     return lines
 
 

@@ -29,7 +29,7 @@ from ..atomic import commit_folder, remove_folder, write_text_atomically, writes
 from ..data.held_out import EVALUATION_HALVES, evaluation_halves
 from ..data.sampler import ShuffledBlockSampler
 from ..evaluation.held_out import BlockEvaluation, HeldOutSums, held_out_metrics, score_together, token_byte_lengths
-from ..evaluation.task_scoring import TaskEvaluation, check_requests, model_length, task_metrics
+from ..evaluation.task_scoring import TaskEvaluation, check_requests, model_length, task_scores
 from ..evaluation.tasks import Task
 from ..modeling_scalevec import ScaleVecModel
 from .arguments import ScaleVecTrainingArguments
@@ -207,7 +207,7 @@ class ScaleVecTrainer(Trainer):
         metrics = held_out_metrics(by_set, metric_key_prefix, per_set=isinstance(next(iter(sets)), str))
         if parts == 2:
             metrics.update(_half_losses(rows, metric_key_prefix))
-        metrics.update(task_metrics([task.name for task in self.tasks], task_sums, metric_key_prefix))
+        metrics.update(task_scores([task.name for task in self.tasks], task_sums).metrics(metric_key_prefix))
         blocks, tokens = sum(len(blocks) for blocks in sets.values()), metrics[f"{metric_key_prefix}_tokens"]
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=blocks, num_tokens=tokens))
         kurtosis = {}

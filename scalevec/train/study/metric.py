@@ -3,11 +3,14 @@ figure the runs' final evaluation logged, e.g. a downstream task's `eval_hellasw
 from its name: accuracies are better higher, losses, bits per byte and perplexities lower. The learning rate is
 chosen on the selection half of the held-out loss whatever the metric."""
 
+from ...run_records import TASK_FIGURES, TaskScore
 from .records import FINISHED, RunRecord
 
 LOSS = "eval_loss"
-HIGHER_IS_BETTER = ("_acc", "_acc_norm")
-LOWER_IS_BETTER = ("_loss", "_bpb", "_bits_per_byte", "_perplexity")
+# A task's figures as `TaskScore` orients them; the held-out text's are all lower is better.
+HIGHER_IS_BETTER = tuple(f"_{figure}" for figure in TaskScore.HIGHER_IS_BETTER)
+_TASK_LOWER = tuple(f"_{figure}" for figure in TASK_FIGURES if figure not in TaskScore.HIGHER_IS_BETTER)
+LOWER_IS_BETTER = ("_loss", *_TASK_LOWER, "_bits_per_byte", "_perplexity")
 
 
 def metric_name(text: str) -> str:

@@ -18,10 +18,9 @@ from ...configuration_scalevec import ScaleVecConfig
 from ...convert.meta_model import active_parameters, num_parameters, scale_parameters
 from ...run_records import (
     BRANCH_PREFIX,
-    TASK_FIGURES,
-    TASKS_MEAN,
     TRAINER_STATE,
     RunClock,
+    TaskScores,
     duration_text,
     finished_step,
     logged_curve,
@@ -158,9 +157,11 @@ def figures(evaluation: dict[str, float]) -> dict[str, float]:
     """The figures of a final evaluation a record keeps besides its losses: the held-out perplexity and bits per
     byte over every set, and each task's and their mean's acc, acc_norm and bpb; not each held-out set's figures,
     nor counts (tokens, items), to keep records small."""
-    tasks = {key.removeprefix("eval_").removesuffix("_items") for key in evaluation if key.endswith("_items")}
-    kept = {f"eval_{name}_{figure}" for name in (*tasks, TASKS_MEAN) for figure in TASK_FIGURES}
-    kept |= {"eval_perplexity", "eval_bits_per_byte"}
+    kept = {
+        "eval_perplexity",
+        "eval_bits_per_byte",
+        *TaskScores.metric_names(TaskScores.from_metrics(evaluation).tasks),
+    }
     return {key: value for key, value in evaluation.items() if key in kept}
 
 
