@@ -1,4 +1,4 @@
-"""The task scorer's batching (scalevec/train/task_scoring.py): each item's context fed once and shared by its
+"""The task scorer's batching (scalevec/evaluation/task_scoring.py): each item's context fed once and shared by its
 choices, in length-sorted batches sized in tokens, equals one plain forward per choice; results come back in the
 items' order, and processes with uneven shares score every item once and run as many forwards each."""
 
