@@ -2,6 +2,8 @@
 choices, in length-sorted batches sized in tokens, equals one plain forward per choice; results come back in the
 items' order, and processes with uneven shares score every item once and run as many forwards each."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -111,10 +113,15 @@ def test_an_item_wider_than_the_budget_is_split_over_rows(tokenizer):
     assert max(forward["input_ids"].numel() for forward in seen) <= longest
 
 
-def test_attention_without_a_4d_mask_gets_a_row_per_choice(tokenizer, monkeypatch):
-    """Flash attention reads a mask as padding only: such a model is fed each choice's input whole, no mask."""
-    monkeypatch.setattr(task_scoring, "shares_prefixes", lambda model: False)
+def test_a_model_whose_attention_takes_no_4d_mask_gets_a_row_per_choice(tokenizer):
+    """Flash attention reads a mask as padding only, and a given mask would replace a sliding window: such a model
+    is fed each choice's input whole, without a mask, and scores the same."""
+    flash = torch.nn.Module()
+    flash.config = SimpleNamespace(_attn_implementation="flash_attention_2")
     scorer, scored = model(tokenizer), items()
+    assert not task_scoring.shares_prefixes(flash) and task_scoring.shares_prefixes(scorer)
+    scorer.config.sliding_window = 4096  # read by the scorer alone: the tiny model's attention has no window
+    assert not task_scoring.shares_prefixes(scorer)
     expected = [plain(scorer, tokenizer, item) for item in scored]
     seen = forwards(scorer)
     results = dict(TaskEvaluation(tokenizer, batch_size=4).loglikelihoods(scorer, scored))

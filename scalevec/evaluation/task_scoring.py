@@ -12,12 +12,13 @@ and the log-likelihood of the continuation summed in float32, as lm-eval's `_log
   with its leading space), as OLMo's in-loop evaluator reports it.
 
 Each item's context is fed once, not once per choice: one row holds the tokens its choices' inputs begin with
-(the context, as encoded: a context token that would merge with a continuation is not in `encode_pair`'s context
-tokens, so each input is exactly lm-eval's), then the rest of each choice's input, which attends to that prefix and
-to itself only (a 4-D mask), at the positions it has in its own input; only the scored columns' logits are computed.
+(the context encoded alone, as `encode_pair` encodes it, so that each input is exactly lm-eval's even where the
+context's last token would merge with a choice's first), then the rest of each choice's input, which attends to that
+prefix and to itself only (a 4-D mask), at the positions it has in its own input; only the scored columns' logits
+are computed.
 This equals one forward per choice (tests/test_task_scoring.py). Rows are sorted longest first and batched by
-tokens (`_schedule`); a model whose attention takes no such mask (flash attention) is fed each choice's input as
-a row of its own, in the same batches.
+tokens (`_schedule`); a model whose attention takes no such mask (flash attention) or has a sliding window (which
+the mask replaces) is fed each choice's input as a row of its own, in the same batches.
 
 A task's figures are means over its items. The items are dealt to the processes by width; each keeps four sums
 per task (acc, acc_norm, bpb, items) in float64 and one all-reduce adds them (`HeldOutSums`' convention), so
@@ -107,8 +108,11 @@ def fed_tokens(tokenizer, tasks: list[Task], model: torch.nn.Module, batch_size:
 
 def shares_prefixes(model: torch.nn.Module) -> bool:
     """Whether the model's attention takes the 4-D mask that lets an item's choices share its context in one row
-    (eager and SDPA do; flash attention reads a mask as padding only)."""
-    return getattr(_config(model), "_attn_implementation", None) in ("eager", "sdpa")
+    (eager and SDPA do; flash attention reads a mask as padding only) and needs no other (a sliding window, which
+    a given 4-D mask replaces)."""
+    config = _config(model)
+    attention = getattr(config, "_attn_implementation", None)
+    return attention in ("eager", "sdpa") and not getattr(config, "sliding_window", None)
 
 
 @dataclass
