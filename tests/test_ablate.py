@@ -13,6 +13,8 @@ from scalevec.train.study.variants import VARIANT_GROUPS
 
 from ._helpers import logged_losses, train_argv
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 
 def test_variants_of_a_seed_start_alike_and_read_the_same_batches(tmp_path):
     """At learning rate 0 nothing moves: the saved weights are the initial ones, and every variant whose scales

@@ -15,6 +15,8 @@ from scalevec.train.cli import main
 
 from ._helpers import TINY, logged_losses, random_ids, tiny_config, tiny_moe_config, train_argv
 
+pytestmark = pytest.mark.slow  # inductor's C++ compiler
+
 KINDS = ["dense", "moe"]
 
 

@@ -15,6 +15,8 @@ from scalevec.convert.cli import main
 from ._helpers import mounted_tmpfs, record_fsyncs, run_python, saved_scalevec, tiny_config
 from .test_convert_safety import _medium_source, _start_export, names_in
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 
 @pytest.fixture
 def tmpfs(tmp_path):

@@ -19,6 +19,8 @@ from ._helpers import (
     tiny_moe_config,
 )
 
+pytestmark = pytest.mark.slow  # every output loaded in one fresh process
+
 STOCK_CLASSES = {
     "llama": "LlamaForCausalLM",
     "qwen3": "Qwen3ForCausalLM",

@@ -30,6 +30,8 @@ from ._helpers import (
     tiny_moe_config,
 )
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 
 def test_a_sharded_source_converts_into_a_sharded_output(tmp_path, capsys):
     torch.manual_seed(0)

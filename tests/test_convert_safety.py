@@ -32,6 +32,8 @@ from ._helpers import (
     tiny_moe_config,
 )
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 
 def names_in(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())

@@ -11,7 +11,10 @@ from scalevec.modeling_scalevec import fold
 
 from ._helpers import gradients, random_ids, randomize_scales, tiny_config, tiny_moe_config
 
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="the kernels are built with a C++ compiler")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("c++") is None, reason="the kernels are built with a C++ compiler"),
+]  # the kernels' C++ build
 
 # (weight shape, in_scale shape, out_scale shape): a dense map and a gate_up expert stack (E, 2, I, H) with both
 # scales, which the kernels take; a down stack with a row scale only and a map with a column scale only, which they

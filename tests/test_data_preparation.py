@@ -26,6 +26,8 @@ from scalevec.data.tokenization import DocumentEncoder
 
 from ._helpers import SUBPROCESS_ENV, corpus_texts, write_parts
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 OPTIONS = ["--seq-len", "32", "--eval-every", "10", "--max-eval-documents", "40", "--quiet"]
 
 # `scalevec-data prepare` saving its progress after every chunk of documents, and killed (SIGKILL) after its

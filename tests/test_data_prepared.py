@@ -135,6 +135,7 @@ def test_long_documents_are_encoded_in_pieces_cut_at_line_breaks(tokenizer):
     assert tokenizer.decode(whole) == text
 
 
+@pytest.mark.slow
 def test_several_processes_prepare_the_same_bytes(tokenizer, tmp_path):
     source = find_source(str(write_dataset(tmp_path / "data", "jsonl", corpus_texts(3000))))
     options = PrepareOptions(seq_len=32, eval_every=10, max_eval_documents=50)
@@ -214,6 +215,7 @@ def test_mixture_places_thin_and_repeat_sources():
         mixture[1010]
 
 
+@pytest.mark.slow
 def test_a_mixture_draws_by_its_weights_deterministically(tokenizer, tmp_path):
     alpha = write_dataset(tmp_path / "alpha", "jsonl", [f"alpha {i} " * 30 for i in range(300)])
     beta = write_dataset(tmp_path / "beta", "jsonl", [f"beta {i} " * 30 for i in range(100)])
@@ -238,6 +240,7 @@ def test_a_mixture_draws_by_its_weights_deterministically(tokenizer, tmp_path):
     assert sources_drawn(seed=0) == drawn and sources_drawn(seed=1) != drawn
 
 
+@pytest.mark.slow
 def test_a_25_mb_line_is_prepared_in_bounded_memory(tmp_path):
     """One 25 MB document on one line (7 M tokens): the tokenizer sees it in pieces, 1 M characters at a time,
     so the preparing process grows by a few times the text's size (measured: 140 MB), where one whole encoding
@@ -263,6 +266,7 @@ def test_a_25_mb_line_is_prepared_in_bounded_memory(tmp_path):
     assert report["growth_mb"] < 250, report
 
 
+@pytest.mark.slow
 def test_scalevec_data_prepares_a_folder_that_training_uses_as_it_is(tmp_path, capsys, monkeypatch):
     from scalevec.data.cli import main as data_main
     from scalevec.train.cli import main as train_main
@@ -287,6 +291,7 @@ def test_scalevec_data_prepares_a_folder_that_training_uses_as_it_is(tmp_path, c
     assert record["seq_len"] == 32 and record["sources"][0]["folder"] == str(folder)
 
 
+@pytest.mark.slow
 def test_training_on_one_part_of_a_sharded_preparation_says_so_and_points_to_combine(tmp_path, capsys):
     from scalevec.convert.card import _data_rows
     from scalevec.data.cli import main as data_main

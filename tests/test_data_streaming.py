@@ -144,6 +144,7 @@ def test_held_out_documents_never_stream(shards_folder, tokenizer, tmp_path, mon
     assert len(streamed) > 100 and not streamed & held_out
 
 
+@pytest.mark.slow
 def test_a_stateful_loader_with_workers_resumes_exactly(shards_folder, tokenizer):
     source = find_source(str(shards_folder))
     stream = streamed_blocks([source], [1.0], tokenizer, SEQ_LEN, 0, WINDOW, [frozenset()])

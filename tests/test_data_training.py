@@ -30,6 +30,8 @@ from ._helpers import (
     write_parts,
 )
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 STEPS = 12
 
 

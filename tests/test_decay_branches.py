@@ -21,6 +21,8 @@ from scalevec.train.trainer import NonFiniteLossError, ScaleVecTrainer
 
 from ._helpers import log_history, logged_losses, train_argv
 
+pytestmark = pytest.mark.slow  # training runs and their branches
+
 STEPS, WARMUP, DECAY = 20, 2, 4  # the main run: decay ratio 4/20
 TOKENS_PER_STEP = 4 * 32  # batch 4 x seq 32 (`train_argv`)
 

@@ -19,6 +19,8 @@ from scalevec.train.optim import DecayConfig, parameter_groups
 
 from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, random_ids, run_torchrun, train_argv
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 ROOT = Path(__file__).parents[1]
 CASES = ["dense-adamw", "dense-muon", "moe-adamw", "moe-muon"]
 STOCK_CLASSES = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM"}

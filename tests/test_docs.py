@@ -165,6 +165,7 @@ def _make_what_it_reads(invocation: Invocation, source) -> None:
         saved_scalevec(read, tiny_config())
 
 
+@pytest.mark.slow
 def test_short_commands_run_as_written(tmp_path, monkeypatch, capsys, process_state_restored):
     from scalevec.data import find_source
 
@@ -214,6 +215,7 @@ def _strict_build(root: Path, site: Path, caplog) -> list[str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict(tmp_path, caplog):
     warnings = _strict_build(ROOT, tmp_path / "site", caplog)
     assert warnings is None, "\n".join(warnings)
@@ -222,6 +224,7 @@ def test_the_site_builds_strict(tmp_path, caplog):
     assert (tmp_path / "site" / "pretraining" / "index.html").is_file()
 
 
+@pytest.mark.slow
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path, caplog):
     copy = tmp_path / "project"
     shutil.copytree(ROOT / "docs", copy / "docs")

@@ -35,6 +35,8 @@ from ._helpers import (
     train_argv,
 )
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 ROOT = Path(__file__).parents[1]
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]

@@ -32,6 +32,8 @@ from ._helpers import (
     write_dataset,
 )
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 STEPS, EVAL_STEPS, EVAL_BLOCKS, SEQ_LEN = 4, 2, 23, 32
 
 

@@ -15,6 +15,8 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import gpu_check  # noqa: E402  (a script folder, not a package)
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 MODES = ("eager", "compiled")
 
 

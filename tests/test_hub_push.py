@@ -15,6 +15,8 @@ from scalevec.convert.card import write_model_card
 from ._helpers import logits, random_ids, run_python, run_without_scalevec, saved_scalevec, saved_stock, tiny_config
 from .hub_server import Repo
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 PUSH_COMMAND = "import sys; from scalevec.convert.cli import main; sys.exit(main(['push', *sys.argv[1:]]))"
 
 

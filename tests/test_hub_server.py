@@ -3,8 +3,12 @@ read at import, so the client cannot run in the test process): the server is the
 
 import json
 
+import pytest
+
 from ._helpers import run_python
 from .hub_server import Repo
+
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
 
 
 def run_client(hub, tmp_path, script: str, *args: str, token: str | None = None) -> dict:

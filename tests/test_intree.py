@@ -287,6 +287,7 @@ def head_inputs(name: str, ids: torch.Tensor) -> dict:
 
 
 @pytest.mark.parametrize("moe", [False, True])
+@pytest.mark.slow
 def test_task_heads_train_and_load_with_remote_code_where_scalevec_is_absent(moe, tmp_path):
     config = (tiny_moe_config if moe else tiny_config)(num_labels=3, pad_token_id=0)
     ids = random_ids(config, length=7).clamp(min=1)

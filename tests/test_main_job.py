@@ -17,6 +17,8 @@ from scalevec.data.corpus import corpus_name
 
 from ._helpers import logits, random_ids, run_python
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 TINY_TRAINING = [
     "--max-steps", "4",
     "--per-device-train-batch-size", "4",

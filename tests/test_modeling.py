@@ -237,6 +237,7 @@ def test_save_and_reload_give_equal_logits(tmp_path):
 
 
 @pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.slow
 def test_remote_code_loads_where_scalevec_is_not_installed(tmp_path, tie):
     model = unified_with_random_scales(tie_word_embeddings=tie)
     model.save_pretrained(tmp_path / "model")
@@ -264,6 +265,7 @@ def test_remote_code_loads_where_scalevec_is_not_installed(tmp_path, tie):
     torch.testing.assert_close(actual, load_file(tmp_path / "expected.safetensors")["logits"], atol=0, rtol=0)
 
 
+@pytest.mark.slow
 def test_remote_code_without_trust_is_refused_when_package_missing(tmp_path):
     build().save_pretrained(tmp_path)
     out = run_without_scalevec(

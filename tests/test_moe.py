@@ -321,6 +321,7 @@ def test_padding_is_masked_out_of_the_z_loss():
         ({"router_aux_loss_coef": 0.0}, False),  # TRL's rule: both coefficients 0 turn balancing off
     ],
 )
+@pytest.mark.slow  # the Trainer's data-loading worker processes
 def test_scalevec_trainer_balances_the_experts_and_leaves_the_saved_flag_alone(saved, balanced, tmp_path):
     """`ScaleVecTrainer` (the trainer of `scalevec-train` and `scalevec-ablate`) trains a MoE model on the language
     loss plus `router_aux_loss_coef` times the balancing loss, asked of each forward: the config it saves keeps its
@@ -370,6 +371,7 @@ def test_generate_with_cache_equals_without_cache():
     assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
 
 
+@pytest.mark.slow
 def test_save_reload_and_remote_code_give_equal_logits(tmp_path):
     model = build(scale_preset="unified", qk_norm=True, shared_expert_intermediate_size=8, mlp_only_layers=[0])
     randomize_scales(model)

@@ -19,7 +19,7 @@ from scalevec.convert import fold_checkpoint
 
 from ._helpers import SUBPROCESS_ENV, random_ids, saved_scalevec, tiny_config, tiny_moe_config
 
-pytestmark = pytest.mark.old_transformers
+pytestmark = [pytest.mark.slow, pytest.mark.old_transformers]  # it starts processes or trains end to end
 OLDEST = ".".join(map(str, MINIMUM_TRANSFORMERS))
 ENVIRONMENTS = Path(os.environ.get("SCALEVEC_TEST_ENVS", Path.home() / ".cache" / "scalevec-test-envs"))
 

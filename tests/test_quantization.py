@@ -24,6 +24,8 @@ from scalevec.train.diagnostics import MomentSums, activation_kurtosis
 from ._helpers import logits, random_ids, run_python, saved_stock, tiny_config, tiny_trainer
 from .test_hub_push import push
 
+pytestmark = pytest.mark.slow  # a trained model, and commands in a fresh interpreter
+
 WIDE = dict(hidden_size=64, intermediate_size=128)  # int4's groups of 32 columns divide every width
 
 

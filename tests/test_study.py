@@ -36,6 +36,8 @@ from scalevec.train.study.summary import best_runs, summarise
 
 from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, train_argv
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SIZES, VARIANTS, RATES, SEED = ("1x16",), ("none", "standard"), (0.01, 0.03, 1e30), 5
 GRID = {(size, variant, rate) for size, variant, rate in product(SIZES, VARIANTS, RATES)}

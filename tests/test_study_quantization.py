@@ -15,6 +15,7 @@ from .test_study import run_in_process, synthetic_grid, synthetic_records, train
 pytest.importorskip("torchao")
 
 
+@pytest.mark.slow
 def test_each_run_records_its_quantized_losses_and_the_claim_gets_a_row(tmp_path):
     root = tmp_path / "grid"
     grid = ["--sizes", "1x32", "--variants", "standard,unified", "--seeds", "3", "--learning-rates", "0.01"]

@@ -39,6 +39,7 @@ def lone_copy(study: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("study", COMMITTED, ids=[path.name for path in COMMITTED])
+@pytest.mark.slow
 def test_a_committed_records_file_alone_re_reports_the_committed_text_byte_for_byte(study, tmp_path):
     lone = lone_copy(study, tmp_path)
     assert report_only(lone) == 0  # no grid flag: the grid is the one results.json records
@@ -161,6 +162,7 @@ def trained(argv: list[str], capsys) -> tuple[set, str]:
     return {(variant, seed) for _, variant, _, seed in TRAINED.findall(output)}, output
 
 
+@pytest.mark.slow
 def test_shards_on_separate_machines_make_one_study_that_resumes_from_its_records_alone(tmp_path, capsys):
     first, second = tmp_path / "machine0", tmp_path / "machine1"
     done, output = trained(tiny_study(first, "--shard", "0/2"), capsys)

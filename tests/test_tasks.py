@@ -43,6 +43,8 @@ from ._helpers import (
     train_argv,
 )
 
+pytestmark = pytest.mark.slow  # torchrun, lm-eval, training runs
+
 WORDS = [
     "the",
     "cat",

@@ -120,6 +120,7 @@ def test_the_run_clock_keeps_training_and_wall_time_apart_from_evaluations(monke
     assert recorded == RunClock([0], wall_seconds=11.0, training_seconds=3.5)
 
 
+@pytest.mark.slow
 def test_the_run_clock_is_saved_under_its_callbacks_own_key(tmp_path):
     """Each checkpoint's trainer state holds the clock under the key the readers look it up by; the throughput
     callback saves nothing (a rename of either cannot lose the clock unnoticed)."""
@@ -173,6 +174,7 @@ class Recorder(TrainerCallback):
         self.logs.append(dict(logs))
 
 
+@pytest.mark.slow
 def test_callback_in_a_trainer_run(tmp_path):
     torch.manual_seed(0)
     model = ScaleVecForCausalLM(tiny_config())

@@ -24,6 +24,8 @@ from scalevec.train.diagnostics import flat_log, scale_statistics
 
 from ._helpers import SUBPROCESS_ENV, corpus_texts, log_history, logged_losses, run_torchrun, train_argv
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STATS = ("mean", "std", "min", "max", "anisotropy")
 

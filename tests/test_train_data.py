@@ -16,6 +16,7 @@ from ._helpers import run_python, tiny_config
 # --- the embedded corpus and tokenizer -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_embedded_corpus_and_tokenizer_offline():
     """In a fresh process with the Hub off: the default corpus file (built or cached) and its BPE tokenizer."""
     result = run_python(

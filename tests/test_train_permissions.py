@@ -9,6 +9,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from scalevec.atomic import commit_folder, write_text_atomically
 from scalevec.convert import OutputOptions, export_checkpoint
 from scalevec.convert.card import card_writer
@@ -37,6 +39,7 @@ def modes(folder: Path) -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.slow  # the Trainer's data-loading worker processes
 def test_a_run_its_checkpoints_its_prepared_data_and_an_export_follow_the_umask(tmp_path):
     """Under umask 002 (a team's: group-writable) every file is 0664 and every folder 0775, not the 0600 / 0700
     of the atomic writers nor a fixed 0644."""

@@ -27,6 +27,8 @@ from scalevec.train.run_lock import LOCK_NAME, holding_output_dir
 
 from ._helpers import SUBPROCESS_ENV, log_history, logged_losses, mounted_tmpfs, record_fsyncs, train_argv
 
+pytestmark = pytest.mark.slow  # it starts processes or trains end to end
+
 CHECKPOINTING = ["--save-strategy", "steps", "--save-steps", "4", "--eval-every", "0", "--scale-preset", "standard"]
 STEPS = 8
 

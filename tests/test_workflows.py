@@ -16,6 +16,8 @@ import pytest
 from ._helpers import SUBPROCESS_ENV, TINY_TRAIN_OVERRIDES, corpus_texts
 from .test_docs import invocations
 
+pytestmark = pytest.mark.slow  # the documented command sequences, each command in a fresh process
+
 TASK_ITEMS = [
     {"context": f"Question: what does the {word} hold?\nAnswer:", "choices": [word, "nothing", "the rest"], "gold": 0}
     for word in ("scale", "vector", "norm", "matrix", "decay", "token")
