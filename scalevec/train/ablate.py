@@ -27,6 +27,8 @@ each claim a 95 % interval over seeds and a verdict (`study.intervals`). It is w
 grid's runs, whichever process trained them, and again after every run, so a killed study still reports what
 finished; `results.json` holds every run's record (never fewer than it held) and the grid, and `--report-only true`
 over a folder that holds only it writes the same text reports, from the grid it records unless grid flags are given.
+Calls with other sizes, variants or learning rates into one folder (a design that is no product: every variant at
+the largest size, a ladder of sizes for a few) each add their grid to it, and every report covers their union.
 
 With `--decay-at` (WSD), each budget a run branches is a record too, and the report gives loss against tokens at
 each variant's chosen rate and, in the final report, a fit of L(N, D). `--metric` judges the claims on another logged
@@ -65,6 +67,7 @@ from .study.records import (
     RunRecord,
     branch_records,
     grid_records,
+    has_grid,
     load_records,
     record_diverged,
     recorded_grid,
@@ -106,13 +109,22 @@ def study_grid(
     data_args: DataArguments,
     training_args: ScaleVecTrainingArguments,
     recorded: dict[Path, dict],
-) -> Grid:
-    """The grid of this call: with `--report-only` and no grid flag, the one the records (`recorded`: results.json
-    files by path, this folder's first) hold; else the flags', which must define each size as the records do, and
-    with `--report-only` hold some recorded run."""
-    grids = {path: recorded_grid(results) for path, results in recorded.items() if "grid" in results}
+) -> tuple[Grid, Grid]:
+    """The grid of this call and the study's, the one reported. With `--report-only` and no grid flag, both are the
+    union of the grids the records (`recorded`: results.json files by path, this folder's first) hold; else the
+    call's is the flags', which must define each size as the records do. A call that trains adds its grid to the
+    records' (the report covers them all); `--report-only` with grid flags reports that grid alone, which must
+    hold some recorded run."""
+    grids = {path: recorded_grid(results) for path, results in recorded.items() if has_grid(results)}
+    recorded_union = None
+    for path, theirs in grids.items():  # shards' records of one study define each size alike
+        if recorded_union is not None and (why := theirs.contradiction(recorded_union)) is not None:
+            raise ValueError(
+                f"the study's records contradict each other: {why} (there: those before {path}; here: it)"
+            )
+        recorded_union = theirs if recorded_union is None else Grid.union([recorded_union, theirs])
     if ablation.report_only and not ablation.grid_flags() and grids:
-        return next(iter(grids.values()))
+        return recorded_union, recorded_union
     grid = build_grid(ablation, model_args, data_args, training_args)
     for path, theirs in grids.items():
         if (why := grid.contradiction(theirs)) is not None:
@@ -130,7 +142,8 @@ def study_grid(
                 f"--report-only: none of the {len(points)} runs that {', '.join(ablation.grid_flags())} give is "
                 f"recorded in {path} (its grid: {grids[path].describe()}); give no grid flags to report that grid"
             )
-    return grid
+        return grid, grid
+    return grid, Grid.union([recorded_union, grid]) if grids else grid
 
 
 def run_ablation(
@@ -149,7 +162,7 @@ def run_ablation(
         raise ValueError(f"--output-dir {root}: no such folder, so nothing to report")
     own = read_json(root / RESULTS)
     merged_results = ablation.merged_results()
-    grid = study_grid(
+    grid, study = study_grid(
         ablation, model_args, data_args, training_args, {**({root / RESULTS: own} if own else {}), **merged_results}
     )
     budgets = {size.name: plan_budgets(training_args, size.max_steps) for size in grid.sizes}  # checked up front
@@ -166,10 +179,10 @@ def run_ablation(
     if not ablation.report_only:
         check_held_out(data_args)
         check_metric_configured(metric, data_args)
-    records = study_records(grid, root, merged)
+    records = study_records(study, root, merged)
     if ablation.report_only and all(r.status == MISSING for r in records):
         raise ValueError(
-            f"--output-dir {root}: no run of the grid ({grid.describe()}) finished or diverged here, in a run folder "
+            f"--output-dir {root}: no run of the grid ({study.describe()}) finished or diverged here, in a run folder "
             f"or in {RESULTS}: nothing to report"
         )
     check_logged(metric, records)  # runs already recorded must have logged it
@@ -194,21 +207,21 @@ def run_ablation(
         _train(point, grid, model_args, data_args, training_args, budgets[point.size])
         if main_process:
             _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
-            records = study_records(grid, root, merged)
+            records = study_records(study, root, merged)
             done_now = next(r for r in records if r.point == point and r.budget is None)
             print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
             # a killed study still reports; figures and the budgets' bootstrap fits only at the end
             kept = kept_records(records, root, merged)
             write_report(
-                records, grid, root, figures=False, budget_fits=False, metric=metric, kept=kept, thresholds=thresholds
+                records, study, root, figures=False, budget_fits=False, metric=metric, kept=kept, thresholds=thresholds
             )
     if not main_process:
         return []
     for point in [] if ablation.report_only else share:  # finished runs --resume kept, trained without --quantize
         _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
-    records = study_records(grid, root, merged)
+    records = study_records(study, root, merged)
     kept = kept_records(records, root, merged)
-    print(*write_report(records, grid, root, metric=metric, kept=kept, thresholds=thresholds), sep="\n")
+    print(*write_report(records, study, root, metric=metric, kept=kept, thresholds=thresholds), sep="\n")
     runs = [r for r in records if r.budget is None]
     counts = {status: sum(r.status == status for r in runs) for status in (FINISHED, DIVERGED, MISSING)}
     print(

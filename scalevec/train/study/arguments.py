@@ -87,7 +87,8 @@ class AblationArguments:
         metadata={
             "help": "Train nothing: write the report from the grid's run folders, and from the records of the "
             "folder's results.json for runs whose folders are gone. Without --sizes, --variants, --learning-rates, "
-            "--seeds or --tokens-per-parameter, the grid is the one results.json records."
+            "--seeds or --tokens-per-parameter, the grids results.json records (every call's), reported as one; "
+            "with them, that grid alone."
         },
     )
     merge_records: str | None = field(

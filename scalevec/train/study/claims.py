@@ -142,7 +142,9 @@ def claim_verdicts(
     metric: str = LOSS,
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> list[ClaimTest]:
-    """Every claim of the paper, at each size of `sizes` where the grid holds its variants, then Holm's correction
+    """Every claim of the paper, at each size of `sizes` where the grid holds its variants (a study of several grids
+    may hold some at a few sizes only: a paired claim is tested where both its sides are, the lowest-loss claim
+    against the strategies present at each size), then Holm's correction
     within each family of rows tested. The paired claims are judged on `metric` (as `summaries` measured it), its
     direction orienting each prediction, against `thresholds.min_effect`; the scaling claim on the fits of the
     held-out loss; the quantization rows with `thresholds.quantization_margin`."""
@@ -153,18 +155,20 @@ def claim_verdicts(
     for claim in PAIRED_CLAIMS:
         for name in claim.variants:
             variant = VARIANTS[name]
-            if {name, variant.reference} <= variants:
-                pairs = [(chosen[size, name], [chosen[size, variant.reference]]) for size in sizes]
+            both = [size for size in sizes if {(size, name), (size, variant.reference)} <= set(chosen)]
+            if both:  # a study of several grids may hold a variant at some sizes only: tested where both sides are
+                pairs = [(chosen[size, name], [chosen[size, variant.reference]]) for size in both]
                 tests += [_paired(claim.statement, ours, theirs, metric, floor) for ours, theirs in pairs]
             else:
                 why = f"needs {name} and {variant.reference}"
+                why += " at one size" if {name, variant.reference} <= variants else ""
                 tests.append(_untested(claim.statement, why, oriented(variant.expected, metric)))
-    others = [v for v in VARIANT_GROUPS["strategies"] if v != "unified" and v in variants]
-    if "unified" in variants and others:
-        for size in sizes:
-            lowest = _paired(LOWEST, chosen[size, "unified"], [chosen[size, v] for v in others], metric, floor)
-            tests.append(lowest)
-    else:
+    strategies = [v for v in VARIANT_GROUPS["strategies"] if v != "unified"]
+    lowest_sizes = [s for s in sizes if (s, "unified") in chosen and any((s, v) in chosen for v in strategies)]
+    for size in lowest_sizes:  # the strategies present at the size, each named in the row
+        others = [chosen[size, v] for v in strategies if (size, v) in chosen]
+        tests.append(_paired(LOWEST, chosen[size, "unified"], others, metric, floor))
+    if not lowest_sizes:
         tests.append(_untested(LOWEST, "needs unified and another strategy", oriented("lower", metric)))
     tests += _quantization(chosen, sizes, thresholds.quantization_margin)
     tests.append(_scaling(chosen, fits, sizes))
@@ -247,8 +251,14 @@ def _scaling(chosen: dict, fits: list[ScalingFit], sizes: list[str]) -> ClaimTes
 
     if len(sizes) < MIN_SIZES:
         return untested(f"needs {MIN_SIZES} sizes or more; the grid has {len(sizes)}")
-    if not all((size, v) in chosen for size in sizes for v in ("unified", "standard")):
+    if not all(any((size, v) in chosen for size in sizes) for v in ("unified", "standard")):
         return untested("needs unified and standard")
+    # a study of several grids: the sizes that hold both, and only if neither is fitted over other sizes as well
+    held = {v: [size for size in sizes if (size, v) in chosen] for v in ("unified", "standard")}
+    if held["unified"] != held["standard"] or len(held["unified"]) < MIN_SIZES:
+        both = [size for size in held["unified"] if size in held["standard"]]
+        return untested(f"needs unified and standard at the same {MIN_SIZES} sizes or more; they share {len(both)}")
+    sizes = held["unified"]
     sides = [chosen[size, v] for size in sizes for v in ("unified", "standard")]
     if missing := [f"{s.size} {s.variant} {run}" for s in sides for run in s.missing]:
         return ClaimTest(SCALING, "all", _missing(missing), "Δα > 0", "higher", INCOMPLETE)

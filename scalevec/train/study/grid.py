@@ -1,5 +1,7 @@
 """A study's grid: model sizes (each with its token budget) x variants x learning rates x seeds, the run folder of
-each point, and the split of the grid into shards."""
+each point, and the split of the grid into shards. A study folder may hold several grids (calls with other sizes,
+variants or rates, e.g. every variant at the largest size and a ladder of sizes for a few): `Grid.union` joins them
+into one grid whose points are theirs, each (size, variant) with the learning rates of the grids that hold it."""
 
 import json
 import math
@@ -93,9 +95,52 @@ class Grid:
     learning_rates: list[float]
     seeds: list[int]
     budgets: list[float] = field(default_factory=list)  # the fractions below 1 `--decay-at` branches from each run
+    parts: list["Grid"] = field(default_factory=list)  # the grids a union joins (`Grid.union`); empty for one grid
+
+    @classmethod
+    def union(cls, grids: list["Grid"]) -> "Grid":
+        """One grid of `grids` (their sizes must not contradict each other: `contradiction`): their points, sizes,
+        variants, learning rates and seeds, each list in the order first met. A grid whose points another holds
+        all of adds nothing and is dropped (of two equal ones, the earlier), so a call that repeats or widens the
+        recorded grid gives a single grid, as before."""
+        parts = [part for grid in grids for part in (grid.parts or [grid])]
+        points = [set(part.points()) for part in parts]
+        kept = [
+            part
+            for i, part in enumerate(parts)
+            if not any(points[i] < theirs or (points[i] == theirs and j > i) for j, theirs in enumerate(points))
+        ]
+        if len(kept) == 1:
+            return kept[0]
+        sizes = {}
+        for size in (size for part in kept for size in part.sizes):
+            sizes.setdefault(size.name, size)
+        sizes = sorted(sizes.values(), key=lambda size: size.non_embedding_parameters)  # the smallest first
+
+        def joined(name: str) -> list:
+            return list(dict.fromkeys(item for part in kept for item in getattr(part, name)))
+
+        return cls(sizes, joined("variants"), joined("learning_rates"), joined("seeds"), joined("budgets"), kept)
+
+    def holds(self, size: str, variant: str) -> bool:
+        """Whether a grid of this one (itself, or a part of a union) trains `variant` at `size`."""
+        return bool(self._holding(size, variant))
+
+    def learning_rates_of(self, size: str, variant: str) -> list[float]:
+        """The learning rates of the grids that hold (`size`, `variant`), in the order first met."""
+        return list(dict.fromkeys(rate for part in self._holding(size, variant) for rate in part.learning_rates))
+
+    def _holding(self, size: str, variant: str) -> list["Grid"]:
+        return [part for part in self.parts or [self] if variant in part.variants and size in part.size_names()]
+
+    def size_names(self) -> list[str]:
+        return [size.name for size in self.sizes]
 
     def points(self) -> list[GridPoint]:
-        """Smallest size first as given, then seed, learning rate and variant: the order runs train in."""
+        """Smallest size first as given, then seed, learning rate and variant: the order runs train in; a union's,
+        each grid's in turn (a point two hold, once)."""
+        if self.parts:
+            return list(dict.fromkeys(point for part in self.parts for point in part.points()))
         return [
             GridPoint(size.name, variant, learning_rate, seed)
             for size in self.sizes
@@ -113,6 +158,9 @@ class Grid:
         return next(size for size in self.sizes if size.name == name)
 
     def describe(self) -> str:
+        if self.parts:
+            grids = "; ".join(part.describe() for part in self.parts)
+            return f"{len(self.parts)} grids: {grids}; {len(self.points())} runs in all"
         counts = [
             (len(self.sizes), "size"),
             (len(self.variants), "variant"),

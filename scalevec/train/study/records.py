@@ -250,18 +250,28 @@ def _finite_only(figures: dict | None) -> dict:
     return {name: value for name, value in (figures or {}).items() if _finite(value) is not None}
 
 
+def has_grid(results: dict) -> bool:
+    """Whether a study's `results.json` (as loaded) records the grid or grids it was reported on."""
+    return "grid" in results or "grids" in results
+
+
 def recorded_grid(results: dict) -> Grid:
-    """The grid a study's `results.json` (as loaded) was reported on; the `--decay-at` budgets, where a file written
-    before it stored them lacks them, from its branches' records."""
-    grid = results["grid"]
+    """The grid a study's `results.json` (as loaded) was reported on: its one `grid`, or the union of its `grids`
+    (a folder that several calls' grids share); the `--decay-at` budgets, where a file written before it stored
+    them lacks them, from its branches' records."""
+    grids = results["grids"] if "grids" in results else [results["grid"]]
+    try:
+        return Grid.union([_grid(grid, results) for grid in grids])
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"results.json: a grid this version cannot read ({type(error).__name__}: {error})") from None
+
+
+def _grid(grid: dict, results: dict) -> Grid:
     budgets = grid.get("budgets")
     if budgets is None:
         budgets = sorted({entry["budget"] for entry in results.get("runs", []) if entry.get("budget") is not None})
-    try:
-        sizes = [Size(**size) for size in grid["sizes"]]
-        return Grid(sizes, grid["variants"], grid["learning_rates"], grid["seeds"], budgets)
-    except (KeyError, TypeError) as error:
-        raise ValueError(f"results.json: a grid this version cannot read ({type(error).__name__}: {error})") from None
+    sizes = [Size(**size) for size in grid["sizes"]]
+    return Grid(sizes, grid["variants"], grid["learning_rates"], grid["seeds"], budgets)
 
 
 def read_results(path: Path) -> tuple[Grid, list[RunRecord]]:

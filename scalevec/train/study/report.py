@@ -56,8 +56,8 @@ def write_report(
     records = [r for r in records if r.budget is None]
     summaries = summarise(records, grid, metric)
     best = best_runs(records, summaries)
-    sizes = [size.name for size in grid.sizes]
-    fits = scaling_fits(best, sizes, len(grid.seeds))
+    sizes = grid.size_names()
+    fits = scaling_fits(best, sizes, len(grid.seeds), {(s.size, s.variant) for s in summaries})
     claims = claim_verdicts(summaries, fits, sizes, metric, thresholds)
     runs = status_lines(records)
     rows = budget_rows(best, branches)
@@ -66,15 +66,9 @@ def write_report(
     if branches:
         table += "\n" + "\n".join(budgets_section(rows, surfaces)) + "\n"
     verdicts = claims_markdown(claims, grid.describe(), runs, metric, thresholds)
+    grids = {"grids": [_grid_json(part) for part in grid.parts]} if grid.parts else {"grid": _grid_json(grid)}
     results = {
-        "grid": {
-            "sizes": [asdict(size) for size in grid.sizes],
-            "variants": grid.variants,
-            "learning_rates": grid.learning_rates,
-            "seeds": grid.seeds,
-            "budgets": grid.budgets,
-            "runs": len(grid.points()),
-        },
+        **grids,
         "metric": metric,
         "counts": {status: sum(r.status == status for r in records) for status in (FINISHED, DIVERGED, MISSING)},
         "summary": [asdict(s) for s in summaries],
@@ -92,6 +86,17 @@ def write_report(
         if fits:
             plot_scaling(best, fits, root / "scaling.png")
     return table, verdicts
+
+
+def _grid_json(grid: Grid) -> dict:
+    return {
+        "sizes": [asdict(size) for size in grid.sizes],
+        "variants": grid.variants,
+        "learning_rates": grid.learning_rates,
+        "seeds": grid.seeds,
+        "budgets": grid.budgets,
+        "runs": len(grid.points()),
+    }
 
 
 def _finite(value):
@@ -250,11 +255,14 @@ def _size_tables(summaries: list[VariantSummary], best: dict[Key, list[RunRecord
             f"| {'-' if first.scale_parameters is None else f'{first.scale_parameters:,}'} "
             f"| {duration_text(statistics.median(seconds)) if seconds else '-'} | {s.edge or 'inside'} |"
         )
-    rates = [result.learning_rate for result in summaries[0].learning_rates] if summaries else []
+    # a study of several grids may try other rates for some variants of a size: theirs only ("-" for the others)
+    rates = list(dict.fromkeys(result.learning_rate for s in summaries for result in s.learning_rates))
     rows += ["", "Selection-half loss at every learning rate (mean over the seeds; the best in bold):", ""]
     rows += ["| variant | " + " | ".join(f"lr {lr:g}" for lr in rates) + " |", "|---|" + "---|" * len(rates)]
     for s in summaries:
-        rows.append(f"| {s.variant} | " + " | ".join(_cell(result, s) for result in s.learning_rates) + " |")
+        tried = {result.learning_rate: result for result in s.learning_rates}
+        cells = [_cell(tried[lr], s) if lr in tried else "-" for lr in rates]
+        rows.append(f"| {s.variant} | " + " | ".join(cells) + " |")
     return rows
 
 

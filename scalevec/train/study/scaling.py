@@ -118,15 +118,19 @@ def seed_draws(seeds: int, replicates: int = REPLICATES) -> np.ndarray:
     return np.random.default_rng(0).integers(0, max(seeds, 1), size=(replicates, seeds))
 
 
-def scaling_fits(best: dict[Key, list[RunRecord]], sizes: list[str], seeds: int) -> list[ScalingFit]:
+def scaling_fits(
+    best: dict[Key, list[RunRecord]], sizes: list[str], seeds: int, held: set[Key] | None = None
+) -> list[ScalingFit]:
     """Every variant's fits (one per way of counting N), for the variants at their best rate at every size of
-    `sizes` (the grid's); `seeds`: how many the grid has."""
+    `sizes` (the grid's) that holds them (`held`: the grid's (size, variant) pairs; None: every pair, one grid's);
+    `seeds`: how many the grid has."""
     draws = seed_draws(seeds)
     variants = list(dict.fromkeys(variant for _, variant in best))
     fits = []
     for variant in variants:
-        if all((size, variant) in best for size in sizes):
-            runs = [best[size, variant] for size in sizes]
+        ours = [size for size in sizes if held is None or (size, variant) in held]
+        if all((size, variant) in best for size in ours):
+            runs = [best[size, variant] for size in ours]
             for counted in COUNTS:
                 if counted == "active" and all(r[0].active_parameters == r[0].total_parameters for r in runs):
                     continue  # dense: active is total

@@ -5,7 +5,8 @@ The best learning rate is chosen on the selection half of the held-out blocks (`
 the grid's seeds) and every difference is measured on the other, disjoint half (`eval_report_loss`), so that the
 number reported is not the one the choice was made by. A rate at which any seed diverged, or whose selection loss is
 missing or not finite in any seed, loses the choice. A variant is at its best rate only when every learning rate of
-the grid finished or diverged in every seed of the grid; until then it is *incomplete* and names what is missing.
+the grid finished or diverged in every seed of the grid (in a study of several grids, of the grids that hold that
+size and variant); until then it is *incomplete* and names what is missing.
 A best rate at either end of the grid is flagged: the true optimum may lie beyond it."""
 
 import statistics
@@ -86,7 +87,8 @@ def select(
 ) -> VariantSummary:
     """The best learning rate of one (size, variant) on the selection half, or why there is none; its figures in
     `metric`."""
-    results = [_rate_result(lr, rates.get(lr, []), metric) for lr in grid.learning_rates]
+    tried = grid.learning_rates_of(size, variant)
+    results = [_rate_result(lr, rates.get(lr, []), metric) for lr in tried]
     missing = [f"lr {r.learning_rate:g} seed {seed}" for r in results for seed in r.missing]
     summary = VariantSummary(size, variant, INCOMPLETE if missing else NONE_SELECTABLE, missing, results)
     candidates = [r for r in results if r.select_loss_mean is not None]
@@ -95,7 +97,7 @@ def select(
     best = min(candidates, key=lambda r: r.select_loss_mean)  # the first of equals, in the grid's order
     runs = rates[best.learning_rate]
     summary.status, summary.best_learning_rate = SELECTED, best.learning_rate
-    summary.edge = edge_flag(best.learning_rate, grid.learning_rates)
+    summary.edge = edge_flag(best.learning_rate, tried)
     summary.report_loss_mean, summary.report_loss_std = best.report_loss_mean, best.report_loss_std
     summary.report_losses = report_losses(runs, metric)
     summary.quantization_increase = quantization_increase(runs)
@@ -150,13 +152,15 @@ def paired_differences(variant: list[RunRecord], reference: list[RunRecord], met
 
 
 def summarise(records: list[RunRecord], grid: Grid, metric: str = LOSS) -> list[VariantSummary]:
-    """Per size and variant of `grid`, in its order; `records`: every point's (`grid_records`); losses and
+    """Per size and variant that `grid` holds (a union of grids: not every pair), in its order, each over the
+    learning rates of the grids that hold it; `records`: every point's (`grid_records`); losses and
     differences in `metric` (`study.metric`), each variant's prediction as its sign."""
     grouped = by_learning_rate(records)
     summaries = [
         select(size.name, variant, grouped.get((size.name, variant), {}), grid, metric)
         for size in grid.sizes
         for variant in grid.variants
+        if grid.holds(size.name, variant)
     ]
     best = best_runs(records, summaries)
     chosen = {(s.size, s.variant): s for s in summaries}
