@@ -33,14 +33,15 @@
 # size. `every-claim-data` writes its DATASET, DIR/data-v512 (the miniature-wsd's 12 M-token corpus, tokenized by
 # the embedded BPE trained to 512 tokens); then `every-claim-headline` (none, standard and unified at 4x128, 45 runs),
 # `every-claim-variants` (the other strategies and the weight-decay variants at 4x128, 90 runs) and
-# `every-claim-ladder` (none, standard and unified at 2x64, 2x96 and 3x96, 135 runs), all in DIR/every-claim.
+# `every-claim-ladder` (none, standard and unified at 2x64, 2x96 and 3x96, 135 runs), all in DIR/every-claim;
+# `every-claim-moe` and `every-claim-muon` (none, standard and unified at 3x96, 45 runs each, folders of their own).
 #
 # Usage: benchmarks/ablation.sh [DIR [GROUP [FLAG...]]]
 #   GROUP: pilot, dense-adamw-cosine, weight-decay, input-decay-1, moe-adamw-cosine, dense-muon-cosine,
 #   dense-adamw-wsd, moe-muon-cosine, moe-adamw-wsd, moe-weight-decay, muon-weight-decay, or all (default: all but the
 #   pilot, in that order, which is the order of priority); miniature-ladder, miniature-ladder-lr,
-#   miniature-weight-decay, miniature-wsd, every-claim-headline, every-claim-variants, every-claim-ladder (need
-#   DATASET); every-claim-data.
+#   miniature-weight-decay, miniature-wsd, every-claim-headline, every-claim-variants, every-claim-ladder,
+#   every-claim-moe, every-claim-muon (need DATASET); every-claim-data.
 #   FLAGs go to every scalevec-ablate call of the group and override the defaults below, e.g.
 #   `--variants standard,unified` or `--seeds 0,1`.
 set -euo pipefail
@@ -122,6 +123,12 @@ PYTHON
         --variants strategies,standard-input-exempt,unified-input-exempt,unified-output-norm-decayed ;;
     every-claim-ladder) every_claim --sizes 2x64,2x96,3x96 --variants none,standard,unified \
         --learning-rates 3e-3,6e-3,1.2e-2 ;;
+    # The claims with an MoE model and with Muon, one size each, in folders of their own (the preset and the optimizer
+    # apply to every run of a call); the ladder's rates at 3x96 first, extended where the best lands on an edge.
+    every-claim-moe) every_claim --model-size tiny-moe --sizes 3x96 --variants none,standard,unified \
+        --learning-rates 3e-3,6e-3,1.2e-2 --output-dir "$out/every-claim-moe" ;;
+    every-claim-muon) every_claim --optim muon --sizes 3x96 --variants none,standard,unified \
+        --learning-rates 3e-3,6e-3,1.2e-2 --output-dir "$out/every-claim-muon" ;;
     all) for g in dense-adamw-cosine weight-decay input-decay-1 moe-adamw-cosine dense-muon-cosine dense-adamw-wsd \
                  moe-muon-cosine moe-adamw-wsd moe-weight-decay muon-weight-decay; do
              "$0" "$out" "$g" "${extra[@]}"
