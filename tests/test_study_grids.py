@@ -198,3 +198,28 @@ def test_records_whose_grids_define_a_size_otherwise_are_refused(tmp_path, capsy
     assert error.count("\n") == 1 and "the study's records contradict each other: size 1x16: runs of 6 steps" in error
     assert f"7 x 128 here (there: those before {tmp_path / 'seven' / 'results.json'}; here: it)" in error
     assert (tmp_path / "six" / "results.json").read_bytes() == before
+
+
+def test_a_grid_that_a_call_training_meanwhile_records_stays_reported(tmp_path, monkeypatch):
+    """Shards of two groups train into one folder at once: each rewrites `results.json` after every run, and the
+    last writer's report must hold both calls' grids, not only the ones recorded when it started."""
+    root = tmp_path / "study"
+    root.mkdir()
+    first, ours, meanwhile = (
+        grid_of([size], [variant], [3e-3])
+        for size, variant in ((LARGEST, "none"), (LARGEST, "unified"), ("1x32", "branch"))
+    )
+    write_report(synthetic_records(first, outcome), first, root, figures=False)
+    everything = Grid.union([first, ours, meanwhile])
+
+    def the_other_call_reports_first(point, *arguments):
+        # the other group's call started when only `first` was recorded; its runs and ours finished since
+        write_report(synthetic_records(everything, outcome), Grid.union([first, meanwhile]), root, figures=False)
+
+    monkeypatch.setattr(ablate, "_train", the_other_call_reports_first)
+    assert call(root, ours) == 0
+    results = json.loads((root / "results.json").read_text())
+    recorded = {(grid["sizes"][0]["name"], *grid["variants"]) for grid in results["grids"]}
+    assert recorded == {(LARGEST, "none"), (LARGEST, "unified"), ("1x32", "branch")}
+    assert results["counts"] == {"finished": 15, "diverged": 0, "missing": 0}
+    assert "## 1x32" in (root / "results.md").read_text()  # the other call's runs are reported, not only kept

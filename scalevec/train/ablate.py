@@ -207,6 +207,7 @@ def run_ablation(
         _train(point, grid, model_args, data_args, training_args, budgets[point.size])
         if main_process:
             _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
+            study = with_grids_recorded_since(study, root)
             records = study_records(study, root, merged)
             done_now = next(r for r in records if r.point == point and r.budget is None)
             print(f"[ablation] {number}/{len(todo)} {done_now.describe()}", flush=True)
@@ -219,6 +220,8 @@ def run_ablation(
         return []
     for point in [] if ablation.report_only else share:  # finished runs --resume kept, trained without --quantize
         _quantize(grid, point, root, schemes, training_args.per_device_eval_batch_size)
+    if not ablation.report_only:
+        study = with_grids_recorded_since(study, root)
     records = study_records(study, root, merged)
     kept = kept_records(records, root, merged)
     print(*write_report(records, study, root, metric=metric, kept=kept, thresholds=thresholds), sep="\n")
@@ -230,6 +233,21 @@ def run_ablation(
     )
     print(f"results in {root}")
     return records
+
+
+def with_grids_recorded_since(study: Grid, root: Path) -> Grid:
+    """`study` joined with the grids the folder's `results.json` records now: calls of other grids that train into
+    the same folder at the same time (shards of a study's groups) write it too, and no report may drop their grids
+    (whose runs it would then no longer report)."""
+    results = read_json(root / RESULTS)
+    if not results or not has_grid(results):
+        return study
+    theirs = recorded_grid(results)
+    if (why := study.contradiction(theirs)) is not None:
+        raise ValueError(
+            f"{root / RESULTS}: a call that trains into this folder meanwhile recorded another grid: {why}"
+        )
+    return Grid.union([theirs, study])
 
 
 def check_held_out(data_args: DataArguments) -> None:
