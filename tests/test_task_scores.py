@@ -9,7 +9,7 @@ import torch
 from scalevec.convert.card import _task_rows
 from scalevec.evaluation.task_scoring import task_scores
 from scalevec.run_records import TaskScore, TaskScores
-from scalevec.train.report import _task_lines
+from scalevec.train.run_report import _task_lines
 from scalevec.train.study.records import figures
 
 # per task: summed acc, acc_norm, bits per byte and items over every process

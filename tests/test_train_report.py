@@ -1,4 +1,4 @@
-"""What a person sees while pretraining (scalevec/train/report.py, throughput.py, diagnostics.py): the plan at the
+"""What a person sees while pretraining (scalevec/train/run_report.py, throughput.py, diagnostics.py): the plan at the
 start, tokens/s, MFU and memory in every training log, the end-of-run block and `run_summary.json` (equal to
 `all_results.json`), a card titled by name rather than folder that names its data and hardware, and a picture in
 which every line has its own style and every panel its own legend."""
@@ -16,7 +16,7 @@ from scalevec.data.corpus import corpus_documents, corpus_name
 from scalevec.run_records import TRAINING_DATA, EvaluationRecord
 from scalevec.train.cli import main
 from scalevec.train.diagnostics import READING, run_figure, scale_statistics
-from scalevec.train.report import pace
+from scalevec.train.run_report import pace
 from scalevec.train.throughput import model_flops_per_token
 
 from ._helpers import log_history, randomize_scales, tiny_config, train_argv

@@ -53,7 +53,7 @@ from .arguments import ScaleVecTrainingArguments
 from .branches import Budget, decay_fractions, plan_budgets, unfinished_budgets
 from .cli import ModelArguments, check_output_dir, config_overrides, parse_arguments, train
 from .presets import SIZE_FIELDS
-from .report import tokens_per_step
+from .run_report import tokens_per_step
 from .study.arguments import RESULTS, AblationArguments
 from .study.claims import Thresholds
 from .study.grid import Grid, GridPoint, build_sizes

@@ -47,7 +47,6 @@ from .branches import (
 )
 from .lora import LoraArguments, with_lora
 from .presets import MODEL_SIZES, SIZE_RULE, size_fields
-from .report import PaceCallback, describe_summary, summary, training_plan
 from .resume import (
     CheckpointContent,
     check_explicit_checkpoint,
@@ -56,6 +55,7 @@ from .resume import (
     resumed_model_config,
 )
 from .run_lock import LOCK_NAME, holding_output_dir
+from .run_report import PaceCallback, describe_summary, summary, training_plan
 from .trainer import STAGING_SUFFIX, NonFiniteLossError, ScaleVecTrainer
 
 
