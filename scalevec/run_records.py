@@ -13,7 +13,7 @@ from typing import ClassVar
 
 RUN_PICTURE = "scale_vectors.png"  # the loss / scale-statistics figure `scalevec-train` writes into its output folder
 TRAINER_STATE = "trainer_state.json"
-TRAINING_DATA = "training_data.json"  # what `scalevec-train` trained on: sources, sizes, mixture weights
+TRAINING_DATA = "training_data.json"  # what `scalevec-train` trained on (sources, sizes, weights) and evaluated
 RUN_SUMMARY = "run_summary.json"  # how `scalevec-train` ended: losses, evaluation, hardware, throughput
 # Eval keys that describe the evaluation run rather than the model.
 EVAL_BOOKKEEPING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_tokens_per_second"}

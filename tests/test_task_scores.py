@@ -55,9 +55,12 @@ def test_the_end_block_the_card_and_the_study_read_the_record():
         "  mine       acc 0.2500, acc_norm 0.5000, 2.250 bits per byte, 4 items",
         "  tasks      acc 0.4250, acc_norm 0.6500, 2.125 bits per byte (mean)",
     ]
-    assert _task_rows(logged) == [
+    sources = {
+        "hellaswag": {"dataset": "Rowan/hellaswag", "split": "validation", "available": 10042, "subset_seed": 0}
+    }
+    assert _task_rows(logged, sources) == [
         (
-            "hellaswag (5 items)",
+            "hellaswag (5 of the 10,042 items of the validation split, drawn with seed 0)",
             "accuracy 0.6000, length-normalised accuracy 0.8000, 2.0000 bits per byte of the answer",
         ),
         ("mine (4 items)", "accuracy 0.2500, length-normalised accuracy 0.5000, 2.2500 bits per byte of the answer"),

@@ -516,7 +516,7 @@ def test_training_scores_the_tasks_at_each_evaluation(model_dir, tmp_path):
         run, export_target="scalevec", source_config=ScaleVecConfig.from_pretrained(run), run_dir=run
     )
     text = card.read_text()
-    assert f"mc (12 items) | accuracy {evaluations[-1]['eval_mc_acc']:.4f}" in text
+    assert f"mc (12 of the 30 items, drawn with seed 0) | accuracy {evaluations[-1]['eval_mc_acc']:.4f}" in text
     assert "mean of the 2 tasks" in text and "eval mc acc" not in text
 
 

@@ -35,7 +35,7 @@ from .errors import CheckpointError
 from .heads import CAUSAL_LM, Head, head_of
 from .meta_model import num_parameters, scale_parameters
 from .pipeline import BeforeCommit, ConversionResult
-from .task_results import evaluation_section, task_model_index, write_eval_result_files
+from .task_results import evaluation_section, subset_text, task_model_index, write_eval_result_files
 
 TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
 TRAINING_ARGUMENTS = {  # training_args.json field -> card label
@@ -278,7 +278,7 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
     for key, value in records.eval_metrics.items():
         if not TaskScores.is_metric(key):
             rows.append((key.replace("_", " "), _eval_value(key, value)))
-    rows += _task_rows(records.eval_metrics)
+    rows += _task_rows(records.eval_metrics, (records.training_data or {}).get("tasks") or {})
     for key, label in TRAINING_ARGUMENTS.items():
         value = (records.training_args or {}).get(key)
         if value not in (None, "", {}):
@@ -286,12 +286,15 @@ def _training_rows(records: RunRecords) -> list[tuple[str, str]]:
     return rows
 
 
-def _task_rows(metrics: dict[str, float]) -> list[tuple[str, str]]:
-    """A row per multiple-choice task of the run's last evaluation, and their mean."""
+def _task_rows(metrics: dict[str, float], sources: dict[str, dict]) -> list[tuple[str, str]]:
+    """A row per multiple-choice task of the run's last evaluation, with the items it scored of which source split
+    (`sources`: `training_data.json`'s record of each task, where the run wrote one), and their mean."""
     scores = TaskScores.from_metrics(metrics)
     return [
         (
-            f"mean of the {len(scores.tasks)} tasks" if score.items is None else f"{name} ({score.items:,} items)",
+            f"mean of the {len(scores.tasks)} tasks"
+            if score.items is None
+            else f"{name} ({subset_text({**sources.get(name, {}), 'items': score.items})})",
             _task_figures(score),
         )
         for name, score in scores.rows()

@@ -244,7 +244,7 @@ def _train(
     if data.eval is not None:
         metrics.update(_final_evaluation(trainer))
     figures = summary(trainer, metrics, data.seq_len)
-    _save_result(trainer, metrics, data.record, figures)
+    _save_result(trainer, metrics, {**data.record, **_task_sources(tasks)}, figures)
     if training_args.should_log:
         written = sorted(path.name for path in output_dir.iterdir() if not path.name.startswith("."))
         print(describe_summary(figures, written), flush=True)
@@ -279,6 +279,12 @@ def _resume_point(model_args: ModelArguments, training_args: ScaleVecTrainingArg
             flush=True,
         )
     return checkpoint
+
+
+def _task_sources(tasks: list[Task]) -> dict:
+    """What `training_data.json` records of `--eval-tasks`: each task's source and subset (`Task.provenance`), which
+    the model card shows beside its scores."""
+    return {"tasks": {task.name: task.provenance() for task in tasks}} if tasks else {}
 
 
 def _run(trainer: ScaleVecTrainer, checkpoint: CheckpointContent | None) -> dict:
