@@ -16,6 +16,7 @@ import yaml
 
 from scalevec import ScaleVecConfig, ScaleVecForCausalLM
 from scalevec.data import default_tokenizer
+from scalevec.data.sources import PROBE_SECONDS
 from scalevec.evaluation.cli import main as evaluate_main
 from scalevec.evaluation.model import evaluate_model
 from scalevec.evaluation.task_scoring import TaskEvaluation, check_requests, encode_pair, fed_tokens, item_scores
@@ -221,6 +222,50 @@ def test_an_offline_builtin_name_fails_in_one_line_naming_the_file_to_pass(model
     assert "pass arc_easy.jsonl instead" in errors[0] and "--export-task arc_easy arc_easy.jsonl" in errors[0]
 
 
+def serve_hub(monkeypatch, load_dataset) -> None:
+    """The public Hub, which cannot be reached here: its answer to the repository question, and the rows that
+    `load_dataset` gives."""
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+
+
+def test_an_unreachable_hub_is_known_before_datasets_is_asked(tmp_path, monkeypatch):
+    """Where no local cache holds a built-in task's dataset, one question of `PROBE_SECONDS` to the Hub comes
+    first (offline, `datasets` retries for most of a minute); where a cache holds it, `datasets` loads it."""
+    import datasets
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    asked = []
+
+    def unreachable(self, repo_id, repo_type=None, timeout=None, **kwargs):
+        asked.append((repo_id, repo_type, timeout))
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", unreachable)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    rows = [dict(BUILTIN_ROWS["sciq"], question=f"Q{i}?") for i in range(6)]
+    loaded = []
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda *args, **kwargs: loaded.append(args) or datasets.Dataset.from_list(rows)
+    )
+    with pytest.raises(TaskError) as raised:
+        load_tasks(["sciq"], 4)
+    assert asked == [("allenai/sciq", "dataset", PROBE_SECONDS)] and loaded == []
+    message = str(raised.value)
+    revision = BUILTIN_TASKS["sciq"].revision
+    assert message.startswith(f"task sciq: allenai/sciq at {revision} is in no local cache, and the Hub (") and (
+        "cannot be reached to look for it: [Errno -2] Name or service not known; offline, pass sciq.jsonl" in message
+    )
+    (tmp_path / "datasets" / "allenai___sciq").mkdir(parents=True)  # prepared on an earlier, online day
+    (task,) = load_tasks(["sciq"], 4)
+    assert len(task.items) == 4 and task.available == 6 and loaded == [("allenai/sciq", None)]
+
+
 def test_a_builtin_task_and_its_exported_file_score_the_same_items(tmp_path, monkeypatch, capsys):
     """The offline route: `--export-task` writes the whole split, and the file gives the built-in's subset."""
     import datasets
@@ -232,7 +277,7 @@ def test_a_builtin_task_and_its_exported_file_score_the_same_items(tmp_path, mon
         asked.append((path, name, split, revision))
         return datasets.Dataset.from_list(rows)
 
-    monkeypatch.setattr(datasets, "load_dataset", hub)
+    serve_hub(monkeypatch, hub)
     exported = tmp_path / "hellaswag.jsonl"
     assert evaluate_main(["--export-task", "hellaswag", str(exported)]) == 0
     assert "wrote the 40 items of Rowan/hellaswag at 218ec52" in capsys.readouterr().out
@@ -273,7 +318,7 @@ def test_an_exported_builtin_gives_the_card_the_online_builtin_gives(model_dir, 
     from scalevec.convert.task_results import task_model_index, write_eval_result_files
 
     rows = [dict(BUILTIN_ROWS["arc_easy"], question=f"Which is gas {i}?", answerKey="ABC"[i % 3]) for i in range(30)]
-    monkeypatch.setattr(datasets, "load_dataset", lambda path, name, split, revision: datasets.Dataset.from_list(rows))
+    serve_hub(monkeypatch, lambda path, name, split, revision: datasets.Dataset.from_list(rows))
     exported = tmp_path / "arc_challenge.jsonl"
     assert evaluate_main(["--export-task", "arc_challenge", str(exported)]) == 0
     model = ScaleVecForCausalLM.from_pretrained(model_dir / "model")

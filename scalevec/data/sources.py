@@ -109,15 +109,16 @@ def names_a_local_path(name: str) -> bool:
 PROBE_SECONDS = 5  # one request; the Hub answers a repository query in well under a second
 
 
-def check_hub_repo(option: str, name: str, repo_type: str = "model") -> bool:
+def check_hub_repo(option: str, name: str, repo_type: str = "model", described: str | None = None) -> bool:
     """`name` (for `option`, such as `--tokenizer`) is not a local path: True where the Hub has it (load it
-    normally), False where the Hub cannot be reached but its local cache holds it (load with `local_files_only`).
-    A `DataError` where there is no such repository, or the Hub cannot be reached and the cache lacks it."""
+    normally), False where the Hub cannot be reached but a local cache holds it (load with `local_files_only`).
+    A `DataError` where there is no such repository, or the Hub cannot be reached and no cache holds it: after one
+    question of `PROBE_SECONDS` at most, where the loaders retry for most of a minute. `described`: what the error
+    begins with, where `name` is not a path the user gave (a built-in task's dataset)."""
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, HFValidationError, RepositoryNotFoundError
-    from huggingface_hub.file_download import repo_folder_name
 
-    here = f"{option} {name}: no such {'file or folder' if repo_type == 'dataset' else 'folder'} here"
+    here = described or f"{option} {name}: no such {'file or folder' if repo_type == 'dataset' else 'folder'} here"
     try:
         HfApi().repo_info(name, repo_type=repo_type, timeout=PROBE_SECONDS)
     except GatedRepoError:  # there, behind an agreement: the loader says how to get access
@@ -131,7 +132,7 @@ def check_hub_repo(option: str, name: str, repo_type: str = "model") -> bool:
     except HfHubHTTPError:  # the Hub answered otherwise (a server error): its loader retries and reports it
         return True
     except Exception as error:  # no answer at all: offline mode, no network, no name resolution, a timeout
-        if Path(constants.HF_HUB_CACHE, repo_folder_name(repo_id=name, repo_type=repo_type)).is_dir():
+        if _hub_cached(name, repo_type):
             return False
         if constants.HF_HUB_OFFLINE:
             reason = "not in the local Hub cache (HF_HUB_OFFLINE is set: the Hub is not asked)"
@@ -139,6 +140,21 @@ def check_hub_repo(option: str, name: str, repo_type: str = "model") -> bool:
             reason = f"the Hub ({constants.ENDPOINT}) cannot be reached to look for it: {first_line(error)}"
         raise DataError(f"{here}, and {reason}") from None
     return True
+
+
+def _hub_cached(name: str, repo_type: str) -> bool:
+    """Whether a local cache holds the repository `name`: the Hub's, or for a dataset also `datasets`' own (which
+    keeps what it prepared from the Hub's files)."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    if Path(constants.HF_HUB_CACHE, repo_folder_name(repo_id=name, repo_type=repo_type)).is_dir():
+        return True
+    if repo_type != "dataset":
+        return False
+    import datasets
+
+    return Path(datasets.config.HF_DATASETS_CACHE, name.replace("/", "___")).is_dir()
 
 
 def _format_of(path: Path) -> str | None:

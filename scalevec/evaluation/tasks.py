@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..data.held_out import DEFAULT_TASK_EXAMPLES, set_names
 from ..data.sampler import EVALUATION_SEED, evaluation_blocks
+from ..data.sources import DataError, check_hub_repo, first_line
 from ..run_records import TASKS_MEAN
 
 TARGET_DELIMITER = " "  # lm-eval's default `target_delimiter`, between a context and each choice
@@ -206,13 +207,18 @@ def _load_builtin(name: str, examples: int) -> Task:
 
     task = BUILTIN_TASKS[name]
     where = f"{task.path}{f' ({task.config})' if task.config else ''} at {task.revision}"
+    offline = (
+        f"offline, pass {name}.jsonl instead, written where the Hub is reachable by "
+        f"`scalevec-eval --export-task {name} {name}.jsonl`"
+    )
     try:
+        check_hub_repo("--tasks", task.path, "dataset", described=f"task {name}: {where} is in no local cache")
         rows = datasets.load_dataset(task.path, task.config, split=task.split, revision=task.revision)
+    except DataError as error:
+        raise TaskError(f"{error}; {offline}") from None
     except Exception as error:  # offline: ConnectionError, OSError or datasets' own errors, depending on the cache
         raise TaskError(
-            f"task {name}: {where} could not be loaded from the Hub ({_first_line(error)}); offline, pass "
-            f"{name}.jsonl instead, written where the Hub is reachable by "
-            f"`scalevec-eval --export-task {name} {name}.jsonl`"
+            f"task {name}: {where} could not be loaded from the Hub ({first_line(error)}); {offline}"
         ) from None
     chosen = [int(index) for index in evaluation_blocks(len(rows), examples)]
     items = [
@@ -300,8 +306,3 @@ def task_file_text(task: Task) -> str:
 def _item_record(item: TaskItem) -> dict:
     record = {"context": item.context, "choices": list(item.choices), "gold": item.gold}
     return record if item.suffix is None else {**record, "suffix": item.suffix}
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
