@@ -119,7 +119,8 @@ subprocess.run(["scalevec-data", "prepare", str(corpus), "--output", str(out / "
 PYTHON
         ;;
     every-claim-headline) every_claim --sizes 4x128 --variants none,standard,unified --learning-rates 1.5e-3,3e-3,6e-3 ;;
-    every-claim-variants) every_claim --sizes 4x128 --learning-rates 1.5e-3,3e-3,6e-3 --variants strategies,weight-decay ;;
+    every-claim-variants) every_claim --sizes 4x128 --variants strategies,weight-decay \
+        --learning-rates 1.5e-3,3e-3,6e-3 ;;
     every-claim-ladder) every_claim --sizes 2x64,2x96,3x96 --variants none,standard,unified \
         --learning-rates 3e-3,6e-3,1.2e-2 ;;
     # The claims with an MoE model and with Muon, one size each, in folders of their own (the preset and the optimizer

@@ -1,0 +1,62 @@
+"""The every-claim study's groups (`benchmarks/ablation.sh`, issue 50) put every claim to the test: each paired
+claim's variant and its reference at one size, every strategy beside unified at the largest size, unified and
+standard at enough sizes for the scaling row, and the two claims of the MoE and Muon groups. A group that lacks a
+reference leaves its claim "not tested" after hours of runs; this is checked before any run."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from scalevec.train.study.arguments import AblationArguments
+from scalevec.train.study.claims import PAIRED_CLAIMS
+from scalevec.train.study.scaling import MIN_SIZES
+from scalevec.train.study.variants import VARIANT_GROUPS, VARIANTS
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ablation.sh"
+DENSE = ("every-claim-headline", "every-claim-variants", "every-claim-ladder")  # one folder, one study
+
+
+def group_flags(group: str) -> dict[str, str]:
+    """The flags `ablation.sh` gives the group's scalevec-ablate call (its case branch, continuation lines joined)."""
+    text = SCRIPT.read_text().replace("\\\n", " ")
+    (branch,) = re.findall(rf"^\s*{re.escape(group)}\) every_claim (.*?);;", text, flags=re.MULTILINE)
+    words = shlex.split(branch)
+    return {flag: value for flag, value in zip(words, words[1:]) if flag.startswith("--")}
+
+
+def pairs(groups) -> set[tuple[str, str]]:
+    """Every (size, variant) the groups train."""
+    found = set()
+    for group in groups:
+        flags = group_flags(group)
+        variants = AblationArguments(variants=flags["--variants"]).variant_names()
+        found |= {(size, variant) for size in flags["--sizes"].split(",") for variant in variants}
+    return found
+
+
+def test_each_paired_claim_has_both_sides_at_one_size():
+    trained = pairs(DENSE)
+    sizes = {size for size, _ in trained}
+    for claim in PAIRED_CLAIMS:
+        for name in claim.variants:
+            reference = VARIANTS[name].reference
+            assert any({(s, name), (s, reference)} <= trained for s in sizes), (claim.statement, name, reference)
+
+
+def test_every_strategy_stands_beside_unified_at_the_largest_size_and_the_ladder_has_enough_sizes():
+    trained = pairs(DENSE)
+    (largest,) = group_flags("every-claim-headline")["--sizes"].split(",")
+    assert {(largest, v) for v in VARIANT_GROUPS["strategies"]} <= trained
+    ladder = {size for size, variant in trained if variant == "unified"}
+    assert ladder == {size for size, variant in trained if variant == "standard"} and len(ladder) >= MIN_SIZES
+
+
+@pytest.mark.parametrize("group", ["every-claim-moe", "every-claim-muon"])
+def test_the_moe_and_muon_groups_test_both_claims_with_five_seeds_and_three_rates(group):
+    flags = group_flags(group)
+    assert pairs([group]) == {(flags["--sizes"], v) for v in ("none", "standard", "unified")}
+    assert flags["--output-dir"].endswith(group)  # a folder of its own: the preset or optimizer differs
+    assert len(flags["--learning-rates"].split(",")) >= 3
+    assert "--seeds 0,1,2,3,4" in SCRIPT.read_text()  # every_claim's default, the groups keep it
