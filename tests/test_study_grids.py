@@ -128,6 +128,29 @@ def test_a_claim_whose_sides_share_no_size_is_not_tested_and_nothing_crashes():
     assert scaling.runs == "needs 4 sizes or more; the grid has 2"
 
 
+def test_seeds_trained_at_one_rate_confirm_it_and_take_no_part_in_choosing_it():
+    """Seeds 5-9 trained at 3e-3 only, with selection losses that would, averaged over all ten, make 1e-2 the best:
+    the rate is chosen on seeds 0-4 (those every rate trained) and Δ is paired over all ten."""
+    tried = grid_of([LARGEST], ["none", "standard"], [3e-3, 1e-2])
+    confirming = Grid(tried.sizes, ["none", "standard"], [3e-3], [5, 6, 7, 8, 9])
+    union = Grid.union([tried, confirming])
+
+    def confirmed(point):
+        select, report, train = outcome(point)
+        return select + (1.0 if point.seed >= 5 else 0.0), report, train
+
+    summaries = {s.variant: s for s in summarise(synthetic_records(union, confirmed), union)}
+    standard = summaries["standard"]
+    assert standard.best_learning_rate == 3e-3 and sorted(standard.report_losses) == list(range(10))
+    chosen_by = [confirmed(GridPoint(LARGEST, "standard", 3e-3, seed))[0] for seed in SEEDS]
+    assert standard.learning_rates[0].select_loss_mean == pytest.approx(sum(chosen_by) / 5)
+    assert standard.learning_rates[0].finished == list(range(10))
+    assert sorted(summaries["none"].differences) == list(range(10))
+    assert sum(summaries["none"].differences.values()) / 10 == pytest.approx(0.1)
+    removing = next(t for t in claim_verdicts(list(summaries.values()), [], [LARGEST]) if t.claim == REMOVING)
+    assert removing.interval.n == 10 and removing.verdict in TESTED
+
+
 def test_the_lowest_loss_row_names_the_strategies_present_at_its_size(study):
     lowest = {r["size"]: r for r in claims_of(study) if r["claim"] == LOWEST}
     assert list(lowest) == list(LADDER)

@@ -58,8 +58,10 @@ def rule(thresholds: Thresholds, metric: str = LOSS) -> str:
     """How `claims.md` decides: the paragraph before its rows."""
     units = "nats" if metric == LOSS else f"in `{metric}`'s units"
     return (
-        "Each variant is taken at its own best learning rate, chosen on the selection half of the held-out blocks, "
-        "and compared with the other side seed by seed on the report half: within a seed both started from the same "
+        "Each variant is taken at its own best learning rate, chosen on the selection half of the held-out blocks "
+        "(the lowest mean over the seeds that every rate trained; seeds trained at one rate only, to confirm it, "
+        "take no part in the choice and count where that rate is the best), and compared with the other side seed "
+        "by seed on the report half: within a seed both started from the same "
         "matrices and read the same batches, so Δ is the measurement. The 95 % interval is Student's t on the "
         "paired differences over seeds. A claim **holds** when the interval excludes 0 on the side the paper "
         f"predicts and the mean Δ lies beyond the floor of {thresholds.min_effect:g} {units} (`--min-effect`: a "

@@ -2,9 +2,11 @@
 best learning rate, seed by seed.
 
 The best learning rate is chosen on the selection half of the held-out blocks (`eval_select_loss`: lowest mean over
-the grid's seeds) and every difference is measured on the other, disjoint half (`eval_report_loss`), so that the
-number reported is not the one the choice was made by. A rate at which any seed diverged, or whose selection loss is
-missing or not finite in any seed, loses the choice. A variant is at its best rate only when every learning rate of
+the seeds that every rate of the grid trained) and every difference is measured on the other, disjoint half
+(`eval_report_loss`), so that the number reported is not the one the choice was made by. Seeds that a grid trains at
+one rate only (to confirm a chosen rate with more seeds) take no part in the choice, and count in the differences
+where that rate is the best. A rate at which any seed diverged, or whose selection loss is missing or not finite in
+any seed that chooses, loses the choice. A variant is at its best rate only when every learning rate of
 the grid finished or diverged in every seed of the grid (in a study of several grids, of the grids that hold that
 size and variant); until then it is *incomplete* and names what is missing.
 A best rate at either end of the grid is flagged: the true optimum may lie beyond it."""
@@ -28,7 +30,7 @@ class LearningRateResult:
     finished: list[int]  # seeds
     diverged: list[int]
     missing: list[int]
-    select_loss_mean: float | None  # over the grid's seeds, where every one finished with a finite selection loss
+    select_loss_mean: float | None  # over the seeds every rate trained, where each finished with a finite one
     report_loss_mean: float | None  # over the seeds that finished with a finite report loss
     report_loss_std: float | None  # sample standard deviation; None with fewer than two seeds
 
@@ -64,11 +66,13 @@ def by_learning_rate(records: list[RunRecord]) -> dict[Key, dict[float, list[Run
     return grouped
 
 
-def _rate_result(learning_rate: float, runs: list[RunRecord], metric: str) -> LearningRateResult:
+def _rate_result(learning_rate: float, runs: list[RunRecord], metric: str, choosing: set[int]) -> LearningRateResult:
+    """One rate's runs; its selection loss over the seeds in `choosing` (those every rate of the grid trained)."""
+
     def seeds(status: str) -> list[int]:
         return [r.seed for r in runs if r.status == status]
 
-    select = [r.eval_select_loss for r in runs]
+    select = [r.eval_select_loss for r in runs if r.seed in choosing]
     report = [r.figure(metric) for r in runs if r.status == FINISHED and r.figure(metric) is not None]
     selectable = all(r.status == FINISHED for r in runs) and None not in select
     return LearningRateResult(
@@ -88,7 +92,8 @@ def select(
     """The best learning rate of one (size, variant) on the selection half, or why there is none; its figures in
     `metric`."""
     tried = grid.learning_rates_of(size, variant)
-    results = [_rate_result(lr, rates.get(lr, []), metric) for lr in tried]
+    choosing = set.intersection(*({r.seed for r in rates.get(lr, [])} for lr in tried))
+    results = [_rate_result(lr, rates.get(lr, []), metric, choosing) for lr in tried]
     missing = [f"lr {r.learning_rate:g} seed {seed}" for r in results for seed in r.missing]
     summary = VariantSummary(size, variant, INCOMPLETE if missing else NONE_SELECTABLE, missing, results)
     candidates = [r for r in results if r.select_loss_mean is not None]
