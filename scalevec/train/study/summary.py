@@ -133,8 +133,8 @@ def best_runs(records: list[RunRecord], summaries: list[VariantSummary]) -> dict
 
 
 def report_losses(runs: list[RunRecord], metric: str = LOSS) -> dict[int, float]:
-    """Seed -> the runs' `metric` (for the held-out loss, its report half)."""
-    return {r.seed: r.figure(metric) for r in runs if r.figure(metric) is not None}
+    """Seed -> the runs' `metric` (for the held-out loss, its report half), in the order of the seeds."""
+    return {r.seed: r.figure(metric) for r in sorted(runs, key=lambda r: r.seed) if r.figure(metric) is not None}
 
 
 def quantization_increase(runs: list[RunRecord]) -> dict[str, dict[int, float]]:
