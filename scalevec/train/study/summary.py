@@ -58,9 +58,10 @@ class VariantSummary:
 
 
 def by_learning_rate(records: list[RunRecord]) -> dict[Key, dict[float, list[RunRecord]]]:
-    """(size, variant) -> learning rate -> its runs (whole runs only), in the grid's order."""
+    """(size, variant) -> learning rate -> its runs (whole runs only), in the order of the seeds (a study's added
+    seeds may be recorded before the first ones), which every row and table lists them in."""
     grouped = defaultdict(lambda: defaultdict(list))
-    for record in records:
+    for record in sorted(records, key=lambda r: r.seed):
         if record.budget is None:
             grouped[record.size, record.variant][record.learning_rate].append(record)
     return grouped
@@ -133,8 +134,8 @@ def best_runs(records: list[RunRecord], summaries: list[VariantSummary]) -> dict
 
 
 def report_losses(runs: list[RunRecord], metric: str = LOSS) -> dict[int, float]:
-    """Seed -> the runs' `metric` (for the held-out loss, its report half), in the order of the seeds."""
-    return {r.seed: r.figure(metric) for r in sorted(runs, key=lambda r: r.seed) if r.figure(metric) is not None}
+    """Seed -> the runs' `metric` (for the held-out loss, its report half)."""
+    return {r.seed: r.figure(metric) for r in runs if r.figure(metric) is not None}
 
 
 def quantization_increase(runs: list[RunRecord]) -> dict[str, dict[int, float]]:
